@@ -1,0 +1,19 @@
+"""Audio items, a session's timeline, and the per-step scheduler."""
+
+from scheduler.items import AudioItem, PlaceholderRange, append_item, get_items_in_window
+from scheduler.request import PLACEHOLDER, Request, RequestStatus
+from scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
+
+__all__ = [
+    "PLACEHOLDER",
+    "AudioItem",
+    "PlaceholderRange",
+    "Request",
+    "RequestStatus",
+    "ScheduledRequest",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "append_item",
+    "get_items_in_window",
+]

@@ -1,0 +1,64 @@
+"""A session's timeline: its audio items, how far it is computed, and its output tokens."""
+
+import enum
+from dataclasses import dataclass, field
+
+from scheduler.items import AudioItem, append_item
+
+PLACEHOLDER = -1
+
+
+class RequestStatus(enum.Enum):
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass
+class Request:
+    """Positions `[0, num_computed)` are done; audio covers `[0, num_available)`.
+
+    Sampled tokens are appended as `PLACEHOLDER`s when a step is launched and filled
+    in when the device returns them; placeholders are always a suffix of the output.
+    """
+
+    request_id: str
+    items: list[AudioItem] = field(default_factory=list)
+    num_computed: int = 0
+    num_available: int = 0
+    input_finished: bool = False
+    status: RequestStatus = RequestStatus.RUNNING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_placeholders: int = 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is not RequestStatus.RUNNING
+
+    @property
+    def num_pending(self) -> int:
+        """Positions whose audio is here but which have not been computed yet."""
+        return self.num_available - self.num_computed
+
+    def add_item(self, item: AudioItem) -> None:
+        append_item(self.items, item)
+        self.num_available = max(self.num_available, item.end)
+
+    def append_placeholders(self, n: int) -> None:
+        self.output_token_ids.extend([PLACEHOLDER] * n)
+        self.num_placeholders += n
+
+    def first_placeholder_index(self) -> int:
+        """Index of the first placeholder, scanning back from the end: O(placeholders)."""
+        i = len(self.output_token_ids)
+        while i > 0 and self.output_token_ids[i - 1] == PLACEHOLDER:
+            i -= 1
+        return i
+
+    def resolve(self, sampled_ids: list[int]) -> None:
+        """Fill the oldest placeholders with tokens the device returned, in order."""
+        if len(sampled_ids) > self.num_placeholders:
+            raise ValueError(f"{len(sampled_ids)} tokens for {self.num_placeholders} placeholders")
+        start = self.first_placeholder_index()
+        self.output_token_ids[start : start + len(sampled_ids)] = sampled_ids
+        self.num_placeholders -= len(sampled_ids)

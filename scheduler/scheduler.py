@@ -1,0 +1,148 @@
+"""Decides, each step, which positions every session computes and which audio items get encoded."""
+
+from dataclasses import dataclass, field
+
+from cache.encoder_cache import EncoderCacheManager
+from scheduler.items import get_items_in_window
+from scheduler.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """Positions `[start, end)` of `request` run this step; they use items `[item_lo, item_hi)`."""
+
+    request: Request
+    start: int
+    end: int
+    item_lo: int
+    item_hi: int
+
+    @property
+    def num_positions(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    # (request, input_id) pairs to encode, from all sessions, in one batch.
+    encoder_inputs: list[tuple[Request, int]] = field(default_factory=list)
+    # Encoder outputs evicted from the cache; the runner drops their tensors.
+    freed_mm_hashes: list[str] = field(default_factory=list)
+
+    @property
+    def num_positions(self) -> int:
+        return sum(s.num_positions for s in self.scheduled)
+
+    @property
+    def num_encoder_rows(self) -> int:
+        return sum(req.items[i].num_embeds for req, i in self.encoder_inputs)
+
+
+@dataclass
+class SchedulerConfig:
+    max_positions_per_step: int = 512
+    max_encoder_rows_per_step: int = 4096
+    encoder_cache_rows: int = 16384
+    # The most positions one session may take in a step; families whose decoder feeds
+    # back its own tokens compute one position at a time once their prompt is in.
+    max_positions_per_request: int = 1 << 30
+
+
+class Scheduler:
+    """Round-robin over running sessions under a position budget and an encoder budget.
+
+    Per session only the items overlapping its positions `[start, end)` are touched
+    (`get_items_in_window`), so a step costs the same at item 10 and item 32,768.
+    The starting session rotates every step: a session with audio is scheduled
+    within `len(requests)` steps whatever the others do.
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        if config.encoder_cache_rows < config.max_encoder_rows_per_step:
+            raise ValueError("encoder_cache_rows must hold at least one step's encoder budget")
+        self.config = config
+        self.encoder_cache = EncoderCacheManager(config.encoder_cache_rows)
+        self.requests: dict[str, Request] = {}
+        self.step_limit: dict[str, int] = {}
+        self._cursor = 0
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id!r} already scheduled")
+        self.requests[request.request_id] = request
+
+    def set_step_limit(self, request_id: str, max_positions: int) -> None:
+        self.step_limit[request_id] = max_positions
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> None:
+        """Remove the session and drop every encoder-cache reference it held."""
+        request = self.requests.pop(request_id, None)
+        self.step_limit.pop(request_id, None)
+        if request is None:
+            return
+        request.status = status
+        self.encoder_cache.free(request)
+
+    def _free_consumed_inputs(self, request: Request) -> None:
+        for input_id in list(self.encoder_cache.get_cached_input_ids(request)):
+            if request.items[input_id].end <= request.num_computed:
+                self.encoder_cache.free_encoder_input(request, input_id)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        running = list(self.requests.values())
+        # Frees from the previous step happen first, before this step allocates, so an
+        # entry still in use by the step that just ran is never evicted under it.
+        for request in running:
+            self._free_consumed_inputs(request)
+        positions_left = self.config.max_positions_per_step
+        encoder_left = self.config.max_encoder_rows_per_step
+        first_blocked: int | None = None
+        for k in range(len(running)):
+            index = (self._cursor + k) % len(running)
+            request = running[index]
+            if request.num_pending <= 0:
+                continue
+            start = request.num_computed
+            limit = self.step_limit.get(request.request_id, self.config.max_positions_per_request)
+            end = min(request.num_available, start + positions_left, start + limit)
+            end, inputs = self._schedule_encoder_inputs(request, start, end, encoder_left)
+            if end < request.num_available and end < start + limit and positions_left > end - start:
+                # Blocked on the encoder: sessions after it this step may use cached inputs
+                # only, so a smaller input cannot keep jumping the queue.
+                encoder_left = 0
+            if end <= start:
+                if first_blocked is None:
+                    first_blocked = index
+                continue
+            lo, hi = get_items_in_window(request.items, start, end)
+            out.scheduled.append(ScheduledRequest(request, start, end, lo, hi))
+            out.encoder_inputs.extend((request, i) for i in inputs)
+            encoder_left = max(0, encoder_left - sum(request.items[i].num_embeds for i in inputs))
+            positions_left -= end - start
+            request.num_computed = end
+        # A session that had audio but got nothing goes first next step: that bounds
+        # how long any session waits, however busy the others are.
+        self._cursor = first_blocked if first_blocked is not None else self._cursor + 1
+        out.freed_mm_hashes = self.encoder_cache.get_freed_mm_hashes()
+        return out
+
+    def _schedule_encoder_inputs(
+        self, request: Request, start: int, end: int, encoder_left: int
+    ) -> tuple[int, list[int]]:
+        """Cut `end` back to the first item that can neither be found in the cache nor encoded."""
+        lo, hi = get_items_in_window(request.items, start, end)
+        to_encode: list[int] = []
+        rows_to_encode = 0
+        for input_id in range(lo, hi):
+            if self.encoder_cache.check_and_update_cache(request, input_id):
+                continue
+            # Inputs already allocated this step hold their rows: nothing more to reserve.
+            budget = encoder_left - rows_to_encode
+            if not self.encoder_cache.can_allocate(request, input_id, budget, 0):
+                return min(end, request.items[input_id].offset), to_encode
+            self.encoder_cache.allocate(request, input_id)
+            to_encode.append(input_id)
+            rows_to_encode += request.items[input_id].num_embeds
+        return end, to_encode

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine: Debian packages for speech synthesis and the microphone,
+# then a virtual environment with voxrt and its test and client extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v espeak-ng >/dev/null || need+=(espeak-ng)
+command -v sox >/dev/null || need+=(sox)
+ldconfig -p 2>/dev/null | grep -q libportaudio.so.2 || need+=(libportaudio2)
+if ((${#need[@]})); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    else
+        echo "setup: please install ${need[*]} (Debian/Ubuntu: sudo apt-get install ${need[*]})" >&2
+    fi
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,clients]'

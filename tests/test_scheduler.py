@@ -1,0 +1,111 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler import AudioItem, PlaceholderRange, Request, RequestStatus, Scheduler, SchedulerConfig
+
+configs = st.builds(
+    SchedulerConfig,
+    max_positions_per_step=st.integers(1, 12),
+    max_encoder_rows_per_step=st.integers(4, 10),
+    encoder_cache_rows=st.integers(10, 40),
+    max_positions_per_request=st.integers(1, 8),
+)
+# Per step, per session: how many new positions of audio arrive (as one item) and its hash.
+arrivals = st.lists(
+    st.lists(
+        st.tuples(st.integers(0, 4), st.sampled_from(["a", "b", "c", "d", "e"])), min_size=6, max_size=6
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+def feed(request: Request, length: int, tag: str) -> None:
+    if length:
+        # One hash has one size: equal content gives equal encoder output.
+        request.add_item(AudioItem(PlaceholderRange(request.num_available, length), f"{tag}{length}"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(configs, arrivals)
+def test_budgets_and_encoder_coverage(config, steps):
+    scheduler = Scheduler(config)
+    requests = [Request(f"s{i}") for i in range(6)]
+    for request in requests:
+        scheduler.add_request(request)
+    waiting_since: dict[str, int] = {}
+    # A blocked session goes first next step; it waits at most for the sessions blocked
+    # ahead of it, each waiting for one turn of the others and for the rows they hold.
+    bound = len(requests) * (len(requests) + config.encoder_cache_rows)
+    tail = [[(0, "a")] * 6] * 400  # drain every backlog at the end
+    for step, arrival in enumerate(steps + tail):
+        for request, (length, tag) in zip(requests, arrival, strict=True):
+            feed(request, length, tag)
+        out = scheduler.schedule()
+        assert out.num_positions <= config.max_positions_per_step
+        assert out.num_encoder_rows <= config.max_encoder_rows_per_step
+        cache = scheduler.encoder_cache
+        assert 0 <= cache.num_used_rows <= cache.capacity_rows
+        scheduled_ids = set()
+        for s in out.scheduled:
+            assert 0 < s.num_positions <= config.max_positions_per_request
+            reference = [i for i, it in enumerate(s.request.items) if it.offset < s.end and it.end > s.start]
+            assert list(range(s.item_lo, s.item_hi)) == reference
+            for input_id in reference:
+                mm_hash = s.request.items[input_id].mm_hash
+                assert (s.request.request_id, input_id) in cache.refs[mm_hash]
+            scheduled_ids.add(s.request.request_id)
+        for request in requests:
+            if request.request_id in scheduled_ids or request.num_pending == 0:
+                waiting_since.pop(request.request_id, None)
+            else:
+                waiting_since.setdefault(request.request_id, step)
+                assert step - waiting_since[request.request_id] <= bound, "starved"
+    assert all(r.num_pending == 0 for r in requests)
+    for request in requests:
+        scheduler.finish_request(request.request_id, RequestStatus.FINISHED)
+    assert scheduler.encoder_cache.input_ids_by_request == {}
+    assert all(not refs for refs in scheduler.encoder_cache.refs.values())
+
+
+def test_encoder_inputs_batched_across_sessions():
+    scheduler = Scheduler(SchedulerConfig(max_positions_per_step=64, max_encoder_rows_per_step=64))
+    for i in range(4):
+        request = Request(f"s{i}")
+        request.add_item(AudioItem(PlaceholderRange(0, 8), f"h{i}"))
+        scheduler.add_request(request)
+    out = scheduler.schedule()
+    assert len(out.scheduled) == 4
+    assert sorted(r.request_id for r, _ in out.encoder_inputs) == ["s0", "s1", "s2", "s3"]
+
+
+def test_same_hash_in_one_step_encoded_once():
+    scheduler = Scheduler(SchedulerConfig())
+    for i in range(3):
+        request = Request(f"s{i}")
+        request.add_item(AudioItem(PlaceholderRange(0, 8), "same"))
+        scheduler.add_request(request)
+    out = scheduler.schedule()
+    assert len(out.scheduled) == 3 and len(out.encoder_inputs) == 1
+
+
+def test_session_without_audio_is_skipped_and_cache_freed_after_compute():
+    scheduler = Scheduler(SchedulerConfig(max_positions_per_request=4))
+    idle, busy = Request("idle"), Request("busy")
+    busy.add_item(AudioItem(PlaceholderRange(0, 4), "x"))
+    busy.add_item(AudioItem(PlaceholderRange(4, 4), "y"))
+    scheduler.add_request(idle)
+    scheduler.add_request(busy)
+    out = scheduler.schedule()
+    assert [s.request.request_id for s in out.scheduled] == ["busy"]
+    assert (out.scheduled[0].start, out.scheduled[0].end) == (0, 4)
+    scheduler.schedule()
+    # "x" was consumed by the first step: freed at the start of the second.
+    assert "x" in scheduler.encoder_cache.freeable
+    assert scheduler.encoder_cache.get_cached_input_ids(busy) == {1}
+
+
+def test_cache_smaller_than_encoder_budget_rejected():
+    with pytest.raises(ValueError):
+        Scheduler(SchedulerConfig(max_encoder_rows_per_step=100, encoder_cache_rows=50))
