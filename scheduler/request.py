@@ -30,6 +30,9 @@ class Request:
     status: RequestStatus = RequestStatus.RUNNING
     output_token_ids: list[int] = field(default_factory=list)
     num_placeholders: int = 0
+    # Positions from here on keep their encoder outputs referenced even once computed
+    # (a family that re-reads a window of past audio); None: only uncomputed positions.
+    retain_from: int | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -39,6 +42,13 @@ class Request:
     def num_pending(self) -> int:
         """Positions whose audio is here but which have not been computed yet."""
         return self.num_available - self.num_computed
+
+    @property
+    def release_position(self) -> int:
+        """Items ending at or before this no longer need their encoder outputs."""
+        if self.retain_from is None:
+            return self.num_computed
+        return min(self.num_computed, self.retain_from)
 
     def add_item(self, item: AudioItem) -> None:
         append_item(self.items, item)

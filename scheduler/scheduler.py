@@ -86,7 +86,7 @@ class Scheduler:
 
     def _free_consumed_inputs(self, request: Request) -> None:
         for input_id in list(self.encoder_cache.get_cached_input_ids(request)):
-            if request.items[input_id].end <= request.num_computed:
+            if request.items[input_id].end <= request.release_position:
                 self.encoder_cache.free_encoder_input(request, input_id)
 
     def schedule(self) -> SchedulerOutput:

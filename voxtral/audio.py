@@ -1,0 +1,84 @@
+"""Audio in: PCM16 bytes and files to float32 16 kHz mono, and Whisper-style log-mel features."""
+
+from functools import cache
+from pathlib import Path
+
+import librosa
+import numpy as np
+import soundfile as sf
+import torch
+
+SAMPLE_RATE = 16_000
+N_FFT = 400
+HOP = 160
+
+
+def pcm16_to_float32(data: bytes) -> np.ndarray:
+    """Little-endian PCM16 mono to float32 in [-1, 1): one vectorized op, no Python loop."""
+    if len(data) % 2:
+        raise ValueError(f"PCM16 audio needs an even number of bytes, got {len(data)}")
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def float32_to_pcm16(samples: np.ndarray) -> bytes:
+    return (np.clip(samples, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()
+
+
+def load_audio_file(path: str | Path) -> np.ndarray:
+    """Any file soundfile reads, as float32 mono at 16 kHz."""
+    samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    mono = samples.mean(axis=1)
+    if rate != SAMPLE_RATE:
+        mono = librosa.resample(mono, orig_sr=rate, target_sr=SAMPLE_RATE)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+@cache
+def _mel_filters(n_mels: int) -> torch.Tensor:
+    return torch.from_numpy(librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=n_mels)).float()
+
+
+@cache
+def _window() -> torch.Tensor:
+    return torch.hann_window(N_FFT)
+
+
+RIGHT_CONTEXT = N_FFT // 2 - HOP  # samples past a chunk that its last frame sees
+
+
+def raw_log_mel(
+    samples: np.ndarray, left_context: np.ndarray, right_context: np.ndarray, n_mels: int = 80
+) -> torch.Tensor:
+    """log10 mel power of `samples`, one frame per 160 samples, shape (n_mels, len // 160).
+
+    Frame t is centred on sample 160 * t, as in Whisper's centred STFT. With the 200
+    samples before the chunk and the `RIGHT_CONTEXT` samples after it (zeros where the
+    stream has none), consecutive chunks give exactly the frames of the whole signal.
+    Whisper's dynamic-range clamp needs the whole window: see `normalize_log_mel`.
+    """
+    if len(samples) % HOP:
+        raise ValueError(f"chunk of {len(samples)} samples is not a multiple of {HOP}")
+    half = N_FFT // 2
+    left = left_context[-half:]
+    right = right_context[:RIGHT_CONTEXT]
+    padded = np.concatenate(
+        [
+            np.zeros(half - len(left), np.float32),
+            left,
+            samples,
+            right,
+            np.zeros(half - len(right), np.float32),
+        ]
+    )
+    frames = torch.from_numpy(padded).unfold(0, N_FFT, HOP)[: len(samples) // HOP]
+    spectrum = torch.fft.rfft(frames * _window(), dim=-1)
+    power = spectrum.real.square() + spectrum.imag.square()
+    return (_mel_filters(n_mels) @ power.T).clamp(min=1e-10).log10()
+
+
+def normalize_log_mel(raw: torch.Tensor, num_frames: int) -> torch.Tensor:
+    """Whisper's scaling over a window, right-padded to `num_frames` with the padding value."""
+    floor = raw.max() - 8.0
+    out = torch.full((raw.shape[0], num_frames), float(floor), dtype=raw.dtype)
+    out[:, : raw.shape[1]] = torch.maximum(raw, floor)
+    return (out + 4.0) / 4.0

@@ -1,0 +1,198 @@
+"""Whisper on any window length, with batched greedy decoding under Whisper's timestamp rules."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from transformers import WhisperForConditionalGeneration
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from voxtral.whisper_weights import WeightsError
+
+SECONDS_PER_TIMESTAMP = 0.02
+
+
+@dataclass
+class Segment:
+    start: float  # seconds from the window start
+    end: float | None  # None when the model stopped before closing it
+    text: str
+
+
+@dataclass
+class Hypothesis:
+    token_ids: list[int]
+    segments: list[Segment]
+    no_speech_prob: float
+    avg_logprob: float
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments)
+
+
+class WhisperModel:
+    """A transformers Whisper model plus its tokenizer and special ids (English-only models)."""
+
+    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        try:
+            self.model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
+        except (OSError, ValueError) as exc:
+            raise WeightsError(f"cannot load a Whisper model from {path}: {exc}") from exc
+        tokenizer_file = path / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise WeightsError(f"missing file {tokenizer_file}")
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.device, self.dtype = device, dtype
+        config, generation = self.model.config, self.model.generation_config
+        self.n_mels = config.num_mel_bins
+        self.max_frames = config.max_source_positions * 2
+        self.max_target_positions = config.max_target_positions
+        self.eot = generation.eos_token_id
+        self.sot = generation.decoder_start_token_id
+        self.sot_prev = generation.prev_sot_token_id
+        self.no_timestamps = generation.no_timestamps_token_id
+        self.no_speech = self.no_timestamps - 1  # <|nocaptions|>, just before <|notimestamps|>
+        self.timestamp_begin = self.no_timestamps + 1
+        self.max_initial_timestamp_index = generation.max_initial_timestamp_index or 50
+        vocab = config.vocab_size
+        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.suppress[list(config.suppress_tokens or [])] = True
+        self.suppress[self.no_timestamps] = True
+        self.begin_suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.begin_suppress[list(config.begin_suppress_tokens or [])] = True
+
+    @torch.inference_mode()
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        """Encoder states for (batch, n_mels, frames) with frames even and at most 3000.
+
+        Unlike transformers' encoder this takes windows shorter than 30 s: positions are
+        the first `frames / 2` of the learned table, which is what a shorter context means.
+        """
+        encoder = self.model.model.encoder
+        x = torch.nn.functional.gelu(encoder.conv1(features.to(self.device, self.dtype)))
+        x = torch.nn.functional.gelu(encoder.conv2(x)).permute(0, 2, 1)
+        x = x + encoder.embed_positions.weight[: x.shape[1]]
+        for layer in encoder.layers:
+            x = layer(x, None)
+        return encoder.layer_norm(x)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _initial_ids(self, prompt: list[int]) -> list[int]:
+        room = self.max_target_positions // 2 - 1
+        prefix = [self.sot_prev, *prompt[-room:]] if prompt else []
+        return [*prefix, self.sot]
+
+    def _timestamp_rules(self, scores: torch.Tensor, generated: list[list[int]], step: int) -> None:
+        """Whisper's rules: timestamps pair up and never go back; the first token is one."""
+        tb = self.timestamp_begin
+        for row, seq in enumerate(generated):
+            last_ts = len(seq) >= 1 and seq[-1] >= tb
+            penultimate_ts = len(seq) < 2 or seq[-2] >= tb
+            if last_ts:
+                if penultimate_ts:
+                    scores[row, tb:] = -torch.inf
+                else:
+                    scores[row, : self.eot] = -torch.inf
+            stamps = [t for t in seq if t >= tb]
+            if stamps:
+                floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
+                scores[row, tb:floor] = -torch.inf
+        if step == 0:
+            scores[:, :tb] = -torch.inf
+            scores[:, tb + self.max_initial_timestamp_index + 1 :] = -torch.inf
+        logprobs = torch.log_softmax(scores.float(), dim=-1)
+        timestamp_logprob = logprobs[:, tb:].logsumexp(dim=-1)
+        text_logprob = logprobs[:, :tb].max(dim=-1).values
+        scores[:, :tb].masked_fill_((timestamp_logprob > text_logprob).unsqueeze(-1), -torch.inf)
+
+    @torch.inference_mode()
+    def decode(
+        self, encoder_states: torch.Tensor, prompts: list[list[int]], max_new_tokens: list[int]
+    ) -> list[Hypothesis]:
+        """Greedy decoding with timestamps for a batch of windows, one KV cache for all rows.
+
+        Prompts differ in length: rows are left-padded, masked, and given their own positions.
+        """
+        batch = len(prompts)
+        initial = [self._initial_ids(p) for p in prompts]
+        width = max(len(ids) for ids in initial)
+        input_ids = torch.full((batch, width), self.eot, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for row, ids in enumerate(initial):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            mask[row, width - len(ids) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        generated: list[list[int]] = [[] for _ in range(batch)]
+        sum_logprob = [0.0] * batch
+        done = [False] * batch
+        no_speech_prob: list[float] = []
+        limit = max(max_new_tokens)
+        for step in range(limit):
+            hidden = self.model.model.decoder(
+                input_ids=input_ids,
+                attention_mask=mask,
+                encoder_hidden_states=encoder_states,
+                past_key_values=cache,
+                position_ids=positions,
+                use_cache=True,
+            ).last_hidden_state
+            scores = self.model.proj_out(hidden[:, -1]).float()
+            if step == 0:
+                no_speech_prob = torch.softmax(scores, dim=-1)[:, self.no_speech].tolist()
+                scores.masked_fill_(self.begin_suppress, -torch.inf)
+            scores.masked_fill_(self.suppress, -torch.inf)
+            self._timestamp_rules(scores, generated, step)
+            logprobs = torch.log_softmax(scores, dim=-1)
+            next_ids = scores.argmax(dim=-1)
+            chosen = logprobs.gather(1, next_ids[:, None])[:, 0].tolist()
+            for row, token in enumerate(next_ids.tolist()):
+                if done[row]:
+                    continue
+                sum_logprob[row] += chosen[row]
+                if token == self.eot:
+                    done[row] = True
+                    continue
+                generated[row].append(token)
+                if len(generated[row]) >= max_new_tokens[row]:
+                    done[row] = True
+            if all(done):
+                break
+            next_ids = torch.where(torch.tensor(done, device=self.device), self.eot, next_ids)
+            input_ids = next_ids[:, None]
+            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            positions = positions[:, -1:] + 1
+        return [
+            Hypothesis(
+                tokens,
+                self.segments(tokens),
+                no_speech_prob[row],
+                sum_logprob[row] / (len(tokens) + 1),
+            )
+            for row, tokens in enumerate(generated)
+        ]
+
+    def segments(self, tokens: list[int]) -> list[Segment]:
+        """Split timestamped tokens into segments; an unclosed last one has no end."""
+        tb = self.timestamp_begin
+        segments: list[Segment] = []
+        start: float | None = None
+        text_ids: list[int] = []
+        for token in tokens:
+            if token < tb:
+                text_ids.append(token)
+                continue
+            time = (token - tb) * SECONDS_PER_TIMESTAMP
+            if start is None:
+                start = time
+            else:
+                segments.append(Segment(start, time, self.tokenizer.decode(text_ids)))
+                start, text_ids = None, []
+        if text_ids:
+            segments.append(Segment(start or 0.0, None, self.tokenizer.decode(text_ids)))
+        return segments

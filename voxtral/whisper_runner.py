@@ -1,0 +1,182 @@
+"""Whisper streamed: each step re-decodes every scheduled session's uncommitted window, batched."""
+
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import structlog
+import torch
+
+from scheduler import Request, SchedulerConfig, SchedulerOutput, get_items_in_window
+from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
+from voxtral.local_agreement import LocalAgreement
+from voxtral.runner import StepResult, StreamState
+from voxtral.whisper_model import Hypothesis, Segment, WhisperModel
+
+log = structlog.get_logger(__name__)
+
+POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
+
+
+@dataclass
+class WhisperPolicy:
+    """Streaming knobs; defaults measured on tiny.en with the 2-core CPU (see README)."""
+
+    chunk_seconds: float = 1.0  # an item, and the cadence of a session's updates
+    max_window_seconds: float = 24.0  # past this, commit what is there and move on
+    min_encoder_seconds: float = 10.0  # shorter windows are padded to this
+    encoder_bucket_seconds: float = 5.0
+    silence_db: float = -45.0  # a window whose loudest frame is below this is silence
+    no_speech_prob: float = 0.6
+    logprob_floor: float = -1.0
+    # Silence the encoder sees after the window: without it tiny.en loops on the last words.
+    tail_pad_seconds: float = 3.0
+    max_compression_ratio: float = 2.4
+    tokens_per_second: float = 6.0
+
+
+@dataclass
+class WhisperStream:
+    window_start: int = 0  # position where the uncommitted window begins
+    agreement: LocalAgreement = field(default_factory=LocalAgreement)
+
+
+@dataclass
+class _Window:
+    stream: StreamState
+    raw: torch.Tensor
+    end: int
+    final: bool
+
+
+def compression_ratio(text: str) -> float:
+    raw = text.encode()
+    return len(raw) / max(1, len(zlib.compress(raw)))
+
+
+def drop_repetition(segments: list[Segment], max_ratio: float) -> list[Segment]:
+    """Whisper's loop guard: text that compresses too well is the decoder repeating itself.
+
+    Keep the segments before the loop starts; Whisper itself would re-decode at a higher
+    temperature, which a re-decoded window does anyway one update later.
+    """
+    kept: list[Segment] = []
+    seen: set[str] = set()
+    for segment in segments:
+        key = segment.text.strip().lower()
+        if key in seen or compression_ratio(segment.text) > max_ratio:
+            break
+        seen.add(key)
+        kept.append(segment)
+    return kept
+
+
+class WhisperRunner:
+    name = "whisper"
+
+    def __init__(
+        self, path: Path, device: torch.device, dtype: torch.dtype, policy: WhisperPolicy | None = None
+    ) -> None:
+        self.model = WhisperModel(path, device, dtype)
+        self.device = device
+        self.policy = policy or WhisperPolicy()
+        self.chunk_samples = int(self.policy.chunk_seconds * SAMPLE_RATE) // HOP * HOP
+        self.samples_per_position = HOP
+        self.model_path = path
+        self.store: dict[str, torch.Tensor] = {}  # mm_hash -> device copy of an item's log-mel
+
+    def scheduler_config(self, max_sessions: int) -> SchedulerConfig:
+        # Every session keeps its whole window referenced: size the cache for all of them.
+        window = int((self.policy.max_window_seconds + 4 * self.policy.chunk_seconds) * POSITIONS_PER_SECOND)
+        return SchedulerConfig(
+            max_positions_per_step=max_sessions * window,
+            max_encoder_rows_per_step=max_sessions * window,
+            encoder_cache_rows=max_sessions * window,
+        )
+
+    def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
+        return raw_log_mel(samples, left, right, self.model.n_mels)
+
+    def new_stream(self, request: Request) -> StreamState:
+        request.retain_from = 0
+        return StreamState(request=request, family_state=WhisperStream())
+
+    def release(self, stream: StreamState) -> None:
+        """Nothing device-side is per-session for Whisper: the window lives in the encoder cache."""
+
+    def execute(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> StepResult:
+        for mm_hash in out.freed_mm_hashes:
+            self.store.pop(mm_hash, None)
+        for request, input_id in out.encoder_inputs:
+            item = request.items[input_id]
+            self.store[item.mm_hash] = item.features.to(self.device, non_blocking=True)
+        windows = [self._window(streams[s.request.request_id], s.end) for s in out.scheduled]
+        result = StepResult()
+        hypotheses = self._decode([w for w in windows if self._loud(w)])
+        for window in windows:
+            hyp = hypotheses.get(id(window))
+            text = self._commit(window, hyp)
+            if hyp is not None:
+                result.num_tokens[window.stream.request.request_id] = len(hyp.token_ids)
+            if text:
+                result.deltas[window.stream.request.request_id] = text
+            if window.final:
+                result.finished.append(window.stream.request.request_id)
+        return result
+
+    def _window(self, stream: StreamState, end: int) -> _Window:
+        request, state = stream.request, stream.family_state
+        lo, hi = get_items_in_window(request.items, state.window_start, end)
+        first = request.items[lo].offset
+        raw = torch.cat([self.store[request.items[i].mm_hash] for i in range(lo, hi)], dim=1)
+        raw = raw[:, state.window_start - first : end - first]
+        final = request.input_finished and end == request.num_available
+        return _Window(stream, raw, end, final)
+
+    def _loud(self, window: _Window) -> bool:
+        frame_db = 10 * torch.log10((10 ** window.raw.float()).mean(dim=0))
+        return bool(frame_db.max() >= self.policy.silence_db)
+
+    def _decode(self, windows: list[_Window]) -> dict[int, Hypothesis | None]:
+        if not windows:
+            return {}
+        p = self.policy
+        longest = max(w.raw.shape[1] for w in windows) + int(p.tail_pad_seconds * POSITIONS_PER_SECOND)
+        bucket = int(p.encoder_bucket_seconds * POSITIONS_PER_SECOND)
+        frames = max(int(p.min_encoder_seconds * POSITIONS_PER_SECOND), -(-longest // bucket) * bucket)
+        frames = min(frames, self.model.max_frames)
+        features = torch.stack([normalize_log_mel(w.raw[:, :frames], frames) for w in windows])
+        states = self.model.encode(features)
+        # No previous-text prompt: with one, tiny.en skips the prompted words and stops
+        # closing timestamps, and the window could no longer be trimmed.
+        prompts: list[list[int]] = [[] for _ in windows]
+        budgets = [
+            min(
+                self.model.max_target_positions // 2,
+                int(w.raw.shape[1] / POSITIONS_PER_SECOND * p.tokens_per_second) + 10,
+            )
+            for w in windows
+        ]
+        hyps = self.model.decode(states, prompts, budgets)
+        out: dict[int, Hypothesis | None] = {}
+        for window, hyp in zip(windows, hyps, strict=True):
+            silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
+            hyp.segments = drop_repetition(hyp.segments, p.max_compression_ratio)
+            out[id(window)] = None if silent or not hyp.segments else hyp
+        return out
+
+    def _commit(self, window: _Window, hyp: Hypothesis | None) -> str:
+        state: WhisperStream = window.stream.family_state
+        request = window.stream.request
+        length = window.end - state.window_start
+        force = length > self.policy.max_window_seconds * POSITIONS_PER_SECOND
+        commit = state.agreement.update(hyp, final=window.final, force_trim=force)
+        if commit.clear:
+            keep = 0 if hyp is not None or window.final else POSITIONS_PER_SECOND
+            state.window_start = max(state.window_start, window.end - keep)
+        elif commit.trim_seconds > 0:
+            state.window_start += round(commit.trim_seconds * POSITIONS_PER_SECOND)
+        state.window_start = min(state.window_start, window.end)
+        request.retain_from = state.window_start
+        return commit.text
