@@ -1,16 +1,125 @@
-"""`voxrt` command line: subcommands for the server and the clients."""
+"""`voxrt`: the server, a demo, and the clients, as subcommands."""
 
 import argparse
+import asyncio
+import os
 import sys
+from pathlib import Path
+
+import structlog
+
+from realtime.logs import configure_logging
+
+SAMPLE = Path(__file__).resolve().parent.parent / "clients" / "samples" / "welcome.wav"
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=None, help="checkpoint directory; default: embedded whisper-tiny.en"
+    )
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_model_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-sessions", type=int, default=64)
+    parser.add_argument("--max-session-seconds", type=float, default=4 * 3600.0)
+    parser.add_argument("--max-frame-bytes", type=int, default=1 << 20)
+    parser.add_argument("--api-key", default=os.environ.get("VOXRT_API_KEY"), help="or env VOXRT_API_KEY")
+    parser.add_argument("--drain-seconds", type=float, default=10.0)
+    parser.add_argument("--outbox-events", type=int, default=256, help="events queued per slow client")
+    parser.add_argument("--test-leak", action="store_true", help=argparse.SUPPRESS)
+
+
+def build_server(args: argparse.Namespace):
+    import torch
+
+    from realtime.engine import Engine, EngineConfig
+    from realtime.server import RealtimeServer, ServerConfig
+    from voxtral.loading import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, args.device, args.dtype)
+    engine_config = EngineConfig(max_sessions=args.max_sessions, max_session_seconds=args.max_session_seconds)
+    engine = Engine(loaded.runner, engine_config, leak_on_free=args.test_leak)
+    server_config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        max_frame_bytes=args.max_frame_bytes,
+        api_key=args.api_key,
+        drain_seconds=args.drain_seconds,
+        outbox_events=args.outbox_events,
+    )
+    server = RealtimeServer(engine, server_config, loaded.names, loaded.label)
+    engine.on_step = lambda seconds, _: server.metrics.step_seconds.observe(seconds)
+    return server
+
+
+def _serve(args: argparse.Namespace) -> int:
+    asyncio.run(build_server(args).serve_until_signal())
+    return 0
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from clients.connection import open_connection, stream_utterance
+    from voxtral.audio import load_audio_file
+
+    args.port, args.host = 0, "127.0.0.1"
+    server = build_server(args)
+    await server.start()
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+    print(f"voxrt demo: streaming {args.file} to {url} in real time", file=sys.stderr)
+    try:
+        async with await open_connection(url) as connection:
+
+            def show(event: dict) -> None:
+                if event.get("type") == "transcription.delta":
+                    print(event["delta"], end="", flush=True)
+
+            result = await stream_utterance(connection, load_audio_file(args.file), 100, 1.0, show)
+        print(f"\nfinal: {result.text}")
+    finally:
+        await server.drain_and_stop()
+    return 0 if result.done else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="voxrt", description="Realtime transcription server")
+    parser = argparse.ArgumentParser(
+        prog="voxrt", description="Realtime transcription server for long sessions"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="serve the default model and transcribe a real speech file")
-    parser.parse_args(argv)
-    print("voxrt: no model yet: the embedded default model has not landed", file=sys.stderr)
-    return 1
+    _add_serve_arguments(sub.add_parser("serve", help="run the realtime WebSocket server"))
+    demo = sub.add_parser("demo", help="serve the default model and stream a real speech file through it")
+    _add_serve_arguments(demo)
+    demo.add_argument("file", nargs="?", default=str(SAMPLE))
+
+    from clients import stream
+
+    stream.add_arguments(sub.add_parser("stream", help="stream audio files to a server"))
+
+    args = parser.parse_args(argv)
+    configure_logging(getattr(args, "log_level", "warning") if args.command != "stream" else "warning")
+    from voxtral.whisper_weights import WeightsError
+
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "demo":
+            if args.log_level == "info":
+                configure_logging("warning")
+            return asyncio.run(_demo(args))
+        return stream.run(args)
+    except WeightsError as exc:
+        structlog.get_logger("voxrt").error("model.load_failed", error=str(exc))
+        print(f"voxrt: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ MAX_ITEMS_PER_SESSION = 32_768
 @dataclass
 class Delta:
     text: str
+    latency: float  # seconds since the newest audio the step read arrived
 
 
 @dataclass
@@ -57,7 +58,8 @@ class EngineConfig:
 @dataclass
 class EngineStats:
     active_sessions: int
-    encoder_cache_rows: int
+    encoder_cache_rows: int  # referenced by live sessions: zero once all have ended
+    encoder_cache_resident_rows: int  # referenced or kept, unreferenced, for reuse
     encoder_cache_capacity: int
     encoder_cache_entries: int
     feature_cache_queries: int
@@ -72,8 +74,7 @@ class _Session:
     stream: StreamState
     on_event: Callable[[EngineEvent], None]
     num_tokens: int = 0
-    first_delta_at: float | None = None
-    started_at: float = field(default_factory=time.monotonic)
+    last_item_at: float = field(default_factory=time.monotonic)
 
 
 class Engine:
@@ -125,7 +126,8 @@ class Engine:
         cache = self.scheduler.encoder_cache
         return EngineStats(
             active_sessions=len(self.sessions),
-            encoder_cache_rows=cache.num_used_rows,
+            encoder_cache_rows=cache.capacity_rows - cache.num_freeable_rows,
+            encoder_cache_resident_rows=cache.num_used_rows,
             encoder_cache_capacity=cache.capacity_rows,
             encoder_cache_entries=len(cache.refs),
             feature_cache_queries=self.feature_cache.queries,
@@ -227,6 +229,7 @@ class Engine:
         spp = self.runner.samples_per_position
         placeholder = PlaceholderRange(stream.num_samples // spp, len(chunk) // spp)
         request.add_item(AudioItem(placeholder, mm_hash, features))
+        session.last_item_at = time.monotonic()
         stream.num_samples += len(chunk)
         stream.left_context = chunk[-400:].copy()
         return True
@@ -252,7 +255,7 @@ class Engine:
             session = self.sessions[session_id]
             text = " " + text if session.stream.text else text.lstrip()
             session.stream.text += text
-            session.on_event(Delta(text))
+            session.on_event(Delta(text, time.monotonic() - session.last_item_at))
         for session_id in result.finished:
             session = self.sessions[session_id]
             session.on_event(

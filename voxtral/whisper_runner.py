@@ -24,6 +24,8 @@ class WhisperPolicy:
     """Streaming knobs; defaults measured on tiny.en with the 2-core CPU (see README)."""
 
     chunk_seconds: float = 1.0  # an item, and the cadence of a session's updates
+    # Hypotheses of a shorter window are unreliable (tiny.en hears "The Lord" for "Hello").
+    min_decode_seconds: float = 2.0
     max_window_seconds: float = 24.0  # past this, commit what is there and move on
     min_encoder_seconds: float = 10.0  # shorter windows are padded to this
     encoder_bucket_seconds: float = 5.0
@@ -112,6 +114,8 @@ class WhisperRunner:
             item = request.items[input_id]
             self.store[item.mm_hash] = item.features.to(self.device, non_blocking=True)
         windows = [self._window(streams[s.request.request_id], s.end) for s in out.scheduled]
+        shortest = self.policy.min_decode_seconds * POSITIONS_PER_SECOND
+        windows = [w for w in windows if w.final or w.raw.shape[1] >= shortest]
         result = StepResult()
         hypotheses = self._decode([w for w in windows if self._loud(w)])
         for window in windows:

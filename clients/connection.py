@@ -1,0 +1,98 @@
+"""A client of the realtime protocol: connect, stream paced audio, collect the server's events."""
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+
+from voxtral.audio import SAMPLE_RATE, float32_to_pcm16
+
+# Error codes after which the server sends no `transcription.done` for the utterance.
+UTTERANCE_ENDING_ERRORS = {"session_too_long", "processing_error", "slow_consumer"}
+
+
+class ServerError(Exception):
+    def __init__(self, event: dict) -> None:
+        super().__init__(f"{event.get('code')}: {event.get('error')}")
+        self.event = event
+
+
+@dataclass
+class Utterance:
+    """What the server said about one streamed utterance."""
+
+    text: str = ""
+    deltas: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, delta)
+    done: dict | None = None
+    errors: list[dict] = field(default_factory=list)
+
+
+async def open_connection(url: str, api_key: str | None = None, open_timeout: float = 10) -> ClientConnection:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    connection = await connect(url, additional_headers=headers, open_timeout=open_timeout, max_size=None)
+    created = json.loads(await connection.recv())
+    if created.get("type") != "session.created":
+        raise ServerError(created)
+    return connection
+
+
+async def send_audio(connection: ClientConnection, samples: np.ndarray) -> None:
+    audio = base64.b64encode(float32_to_pcm16(samples)).decode()
+    await connection.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+
+
+async def commit(connection: ClientConnection, final: bool = False) -> None:
+    event = {"type": "input_audio_buffer.commit"}
+    if final:
+        event["final"] = True
+    await connection.send(json.dumps(event))
+
+
+async def stream_utterance(
+    connection: ClientConnection,
+    samples: np.ndarray,
+    chunk_ms: int = 100,
+    speed: float = 1.0,
+    on_event: Callable[[dict], None] | None = None,
+) -> Utterance:
+    """Stream `samples` paced at `speed` x real time (0: as fast as possible), then wait for done."""
+    result = Utterance()
+    started = time.monotonic()
+
+    async def send_all() -> None:
+        await commit(connection)
+        chunk = int(SAMPLE_RATE * chunk_ms / 1000)
+        for offset in range(0, len(samples), chunk):
+            await send_audio(connection, samples[offset : offset + chunk])
+            if speed > 0:
+                due = started + (offset + chunk) / SAMPLE_RATE / speed
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+        await commit(connection, final=True)
+
+    sender = asyncio.create_task(send_all())
+    try:
+        async for message in connection:
+            event = json.loads(message)
+            if on_event is not None:
+                on_event(event)
+            kind = event.get("type")
+            if kind == "transcription.delta":
+                result.deltas.append((time.monotonic() - started, event["delta"]))
+                result.text += event["delta"]
+            elif kind == "transcription.done":
+                result.done = event
+                result.text = event["text"]
+                break
+            elif kind == "error":
+                result.errors.append(event)
+                if event.get("code") in UTTERANCE_ENDING_ERRORS:
+                    break
+        await sender
+    finally:
+        sender.cancel()
+    return result

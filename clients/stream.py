@@ -1,0 +1,77 @@
+"""`voxrt stream FILE...`: stream audio files to a server, paced, and print the transcript."""
+
+import argparse
+import asyncio
+import json
+import sys
+
+import soundfile
+from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
+
+from clients.connection import ServerError, open_connection, stream_utterance
+from voxtral.audio import load_audio_file
+
+EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
+DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="audio files (any format soundfile reads)")
+    parser.add_argument("--url", default=DEFAULT_URL)
+    pace = parser.add_mutually_exclusive_group()
+    pace.add_argument("--realtime", action="store_true", help="pace at real time (the default)")
+    pace.add_argument("--speed", type=float, default=1.0, help="pace at X times real time; 0 = unpaced")
+    parser.add_argument("--chunk-ms", type=int, default=100)
+    parser.add_argument("--json", action="store_true", help="print the server's events as JSON lines")
+    parser.add_argument("--api-key", default=None)
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"voxrt stream: {message}", file=sys.stderr)
+    return code
+
+
+async def _stream(args: argparse.Namespace, audios: list) -> int:
+    try:
+        connection = await open_connection(args.url, args.api_key)
+    except InvalidStatus as exc:
+        return _fail(EXIT_CONNECTION, f"server refused the connection: HTTP {exc.response.status_code}")
+    except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
+        return _fail(EXIT_CONNECTION, f"cannot connect to {args.url}: {exc}")
+    status = EXIT_OK
+    speed = 1.0 if args.realtime else args.speed
+    async with connection:
+        for path, samples in audios:
+
+            def show(event: dict) -> None:
+                if args.json:
+                    print(json.dumps(event), flush=True)
+                elif event.get("type") == "transcription.delta":
+                    print(event["delta"], end="", flush=True)
+
+            try:
+                result = await stream_utterance(connection, samples, args.chunk_ms, speed, show)
+            except WebSocketException as exc:
+                return _fail(EXIT_CONNECTION, f"connection lost while streaming {path}: {exc}")
+            if not args.json:
+                print(f"\r\x1b[K{result.text}" if sys.stdout.isatty() else f"\n{result.text}", flush=True)
+            for error in result.errors:
+                print(
+                    f"voxrt stream: server error {error.get('code')}: {error.get('error')}", file=sys.stderr
+                )
+                status = EXIT_SERVER_ERROR
+            if result.done is None:
+                return EXIT_SERVER_ERROR
+    return status
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.chunk_ms <= 0 or args.speed < 0:
+        return _fail(EXIT_USAGE, "--chunk-ms must be positive and --speed not negative")
+    audios = []
+    for path in args.files:
+        try:
+            audios.append((path, load_audio_file(path)))
+        except (OSError, soundfile.LibsndfileError, RuntimeError, ValueError) as exc:
+            return _fail(EXIT_USAGE, f"cannot read {path}: {exc}")
+    return asyncio.run(_stream(args, audios))

@@ -1,0 +1,156 @@
+"""The WebSocket server: `/v1/realtime`, `/health`, `/metrics` on one port, with a graceful drain."""
+
+import asyncio
+import hmac
+import json
+import signal
+from dataclasses import dataclass
+from http import HTTPStatus
+
+import structlog
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from realtime import protocol
+from realtime.engine import Engine
+from realtime.metrics import Metrics
+from realtime.session import ClientSession, SessionLimits
+
+log = structlog.get_logger("voxrt.server")
+
+REALTIME_PATH = "/v1/realtime"
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_sessions: int = 64
+    max_frame_bytes: int = 1 << 20
+    api_key: str | None = None
+    drain_seconds: float = 10.0
+    outbox_events: int = 256
+
+
+class RealtimeServer:
+    def __init__(self, engine: Engine, config: ServerConfig, model_names: set[str], model_label: str) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = Metrics(engine)
+        self.model_label = model_label
+        self.limits = SessionLimits(config.outbox_events, frozenset(model_names))
+        self.sessions: set[ClientSession] = set()
+        self.draining = False
+        self.server: Server | None = None
+        self.port: int | None = None
+
+    def _respond(self, connection: ServerConnection, status: HTTPStatus, body: str, ctype: str) -> Response:
+        response = connection.respond(status, body)
+        response.headers["Content-Type"] = ctype
+        return response
+
+    def _refuse(self, connection: ServerConnection, status: HTTPStatus, code: str, message: str) -> Response:
+        self.metrics.errors.labels(code=code).inc()
+        log.info("server.refused", code=code, status=int(status))
+        return self._respond(connection, status, protocol.error(code, message) + "\n", "application/json")
+
+    def _authorized(self, headers: Headers) -> bool:
+        if self.config.api_key is None:
+            return True
+        given = headers.get("Authorization", "")
+        expected = f"Bearer {self.config.api_key}"
+        return hmac.compare_digest(given.encode(), expected.encode())
+
+    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == "/health":
+            stats = self.engine.stats()
+            body = {
+                "status": "draining" if self.draining else "ok",
+                "model": self.model_label,
+                "connections": len(self.sessions),
+                "engine_sessions": stats.active_sessions,
+            }
+            return self._respond(connection, HTTPStatus.OK, json.dumps(body) + "\n", "application/json")
+        if path == "/metrics":
+            return self._respond(
+                connection, HTTPStatus.OK, self.metrics.render().decode(), "text/plain; version=0.0.4"
+            )
+        if path != REALTIME_PATH:
+            return self._respond(connection, HTTPStatus.NOT_FOUND, "not found\n", "text/plain")
+        if not self._authorized(request.headers):
+            return self._refuse(
+                connection, HTTPStatus.UNAUTHORIZED, "unauthorized", "missing or wrong API key"
+            )
+        if self.draining:
+            return self._refuse(
+                connection, HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"
+            )
+        if len(self.sessions) >= self.config.max_sessions:
+            return self._refuse(
+                connection,
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "too_many_sessions",
+                f"server is at its limit of {self.config.max_sessions} sessions",
+            )
+        return None
+
+    async def _handle(self, connection: ServerConnection) -> None:
+        session_id, created = protocol.session_created()
+        session = ClientSession(connection, self.engine, self.metrics, self.limits, session_id)
+        self.sessions.add(session)
+        self.metrics.connections_active.inc()
+        try:
+            await session.run(created)
+        finally:
+            self.sessions.discard(session)
+            self.metrics.connections_active.dec()
+
+    async def start(self) -> None:
+        self.engine.start()
+        self.server = await serve(
+            self._handle,
+            self.config.host,
+            self.config.port,
+            process_request=self._process_request,
+            max_size=self.config.max_frame_bytes,
+            max_queue=16,
+            ping_interval=20,
+            ping_timeout=20,
+        )
+        self.port = self.server.sockets[0].getsockname()[1]
+        log.info(
+            "server.listening",
+            url=f"ws://{self.config.host}:{self.port}{REALTIME_PATH}",
+            model=self.model_label,
+            device=str(self.engine.runner.device),
+        )
+
+    async def drain_and_stop(self) -> None:
+        """Stop accepting, let running utterances finish up to `drain_seconds`, close with 1001."""
+        self.draining = True
+        log.info("server.draining", sessions=len(self.sessions), seconds=self.config.drain_seconds)
+        if self.server is not None:
+            self.server.close(close_connections=False)
+        for session in list(self.sessions):
+            session.finish_input()
+        waits = [s.idle.wait() for s in self.sessions]
+        if waits:
+            await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=self.config.drain_seconds)
+        await asyncio.sleep(0.05)  # let the outboxes hand the last events to the sockets
+        for session in list(self.sessions):
+            await session.connection.close(1001, "server shutting down")
+        if self.server is not None:
+            await self.server.wait_closed()
+        self.engine.stop()
+        log.info("server.stopped")
+
+    async def serve_until_signal(self) -> None:
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await self.drain_and_stop()

@@ -1,0 +1,61 @@
+"""Pick a model family for `--model` and load it on the chosen device."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers.utils import logging as hf_logging
+
+from voxtral.runner import ModelRunner
+from voxtral.whisper_runner import WhisperRunner
+from voxtral.whisper_weights import WeightsError, default_whisper_dir
+
+DEFAULT_MODEL = "whisper-tiny.en"
+
+
+@dataclass
+class LoadedModel:
+    runner: ModelRunner
+    label: str  # what logs and /health call it
+    names: set[str]  # what `session.update` may name it
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype:
+        return getattr(torch, dtype)
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _model_type(path: Path) -> str:
+    config = path / "config.json"
+    if not config.is_file():
+        raise WeightsError(f"missing file {config}: --model needs a transformers checkpoint directory")
+    try:
+        return json.loads(config.read_text())["model_type"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise WeightsError(f"malformed file {config}: {exc}") from exc
+
+
+def load_model(model: str | None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    hf_logging.disable_progress_bar()  # a progress bar is noise in JSON logs
+    chosen = pick_device(device)
+    if model in (None, DEFAULT_MODEL):
+        # Whisper tiny runs in float32 on the CPU: bfloat16 there is slower and less exact.
+        torch_dtype = pick_dtype(dtype, chosen) if chosen.type == "cuda" else torch.float32
+        runner = WhisperRunner(default_whisper_dir(), chosen, torch_dtype)
+        return LoadedModel(runner, DEFAULT_MODEL, {DEFAULT_MODEL, "whisper"})
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise WeightsError(f"model {model!r} is neither {DEFAULT_MODEL!r} nor a local checkpoint directory")
+    kind = _model_type(path)
+    if kind == "whisper":
+        runner = WhisperRunner(path, chosen, pick_dtype(dtype, chosen))
+        return LoadedModel(runner, str(path), {str(path), path.name, model, "whisper"})
+    raise WeightsError(f"{path / 'config.json'}: model_type {kind!r} is not served by voxrt yet")
