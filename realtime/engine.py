@@ -139,6 +139,11 @@ class Engine:
 
     # ---- the engine thread -----------------------------------------------------------------
 
+    def run_once(self) -> None:
+        """Apply queued commands and run one step, on the caller's thread (tests, benchmarks)."""
+        self._drain_commands(block=False)
+        self.step()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             busy = any(s.stream.request.num_pending > 0 for s in self.sessions.values())

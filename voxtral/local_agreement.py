@@ -2,6 +2,7 @@
 
 import re
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 
 from voxtral.whisper_model import Hypothesis
 
@@ -10,6 +11,22 @@ _PUNCT = re.compile(r"[^\w']+")
 
 def _norm(word: str) -> str:
     return _PUNCT.sub("", word.lower())
+
+
+def _substitution(a: str, b: str) -> float:
+    if a == b:
+        return 0.0
+    return 0.5 if SequenceMatcher(None, a, b).ratio() >= 0.5 else 1.0
+
+
+def _estimate_word_ends(words: list[str], start: float, end: float) -> list[float]:
+    """Whisper gives segment times only: spread a segment over its words by their length."""
+    total = sum(len(w) + 1 for w in words)
+    ends, done = [], 0
+    for word in words:
+        done += len(word) + 1
+        ends.append(start + (end - start) * done / total)
+    return ends
 
 
 @dataclass
@@ -33,35 +50,54 @@ class LocalAgreement:
 
     window_words: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
+    # Words estimated to end this close to the window's end are not committed yet: Whisper
+    # mishears words at the cut, and can agree with itself on the mistake.
+    holdback_seconds: float = 0.0
 
     def _after_committed(self, words: list[str]) -> list[str]:
         """The hypothesis past the window's committed words, which it re-transcribes.
 
-        The model may re-word them ("sea shells" for "seashells"): then find where the last
-        committed words end in it, near where counting would put them.
+        The model may re-word them ("sea shells" for "seashells") or drop one at the
+        window's edge, so the committed words are aligned to the hypothesis prefix with
+        the fewest word edits (a near-miss like "nogs"/"dogs" costs half); on a tie the
+        shorter prefix wins (repeat, never lose, a word).
         """
-        n = len(self.window_words)
         committed = [_norm(w) for w in self.window_words]
         said = [_norm(w) for w in words]
-        if said[:n] == committed:
-            return words[n:]
-        for m in range(min(4, n), 0, -1):
-            for j in sorted(range(m, len(words) + 1), key=lambda j: abs(j - n)):
-                if abs(j - n) > 3:
-                    break
-                if said[j - m : j] == committed[-m:]:
-                    return words[j:]
-        return words[n:]
+        if said[: len(committed)] == committed:
+            return words[len(committed) :]
+        # row[p]: edits between the committed words so far and said[:p]
+        row = list(range(len(said) + 1))
+        for i, word in enumerate(committed, 1):
+            prev, row[0] = row[0], i
+            for p in range(1, len(said) + 1):
+                prev, row[p] = (
+                    row[p],
+                    min(row[p] + 1, row[p - 1] + 1, prev + _substitution(said[p - 1], word)),
+                )
+        best = min(range(len(said) + 1), key=lambda p: (row[p], p))
+        return words[best:]
 
-    def update(self, hyp: Hypothesis | None, final: bool, force_trim: bool) -> WindowCommit:
-        """`hyp` None means no speech in the window; `force_trim` that the window is too long."""
+    def update(
+        self,
+        hyp: Hypothesis | None,
+        final: bool,
+        force_trim: bool,
+        may_trim: bool = True,
+        window_seconds: float = float("inf"),
+    ) -> WindowCommit:
+        """`hyp` None means no speech in the window; `force_trim` that the window is too long;
+        `may_trim` whether it is long enough to drop committed segments (context helps)."""
         if hyp is None:
             self.pending = []
             return WindowCommit("", clear=not self.window_words)
         words: list[str] = []
+        word_ends: list[float] = []
         segment_ends: list[tuple[int, float | None]] = []  # (words through this segment, end)
         for segment in hyp.segments:
-            words += segment.text.split()
+            seg_words = segment.text.split()
+            words += seg_words
+            word_ends += _estimate_word_ends(seg_words, segment.start, segment.end or window_seconds)
             segment_ends.append((len(words), segment.end))
         tail = self._after_committed(words)
         if final:
@@ -72,6 +108,8 @@ class LocalAgreement:
                 if _norm(new) != _norm(old):
                     break
                 agreed += 1
+            settled = sum(1 for end in word_ends if end <= window_seconds - self.holdback_seconds)
+            agreed = min(agreed, max(0, settled - (len(words) - len(tail))))
         clear = final
         if force_trim and not final:
             closed = [n for n, end in segment_ends[:-1] if end is not None]
@@ -84,7 +122,7 @@ class LocalAgreement:
             self.window_words, self.pending = [], []
             return WindowCommit(" ".join(committed), clear=True)
         trim, consumed = 0.0, 0
-        for through, end in segment_ends:
+        for through, end in segment_ends if may_trim or force_trim else []:
             if end is not None and through <= len(self.window_words):
                 trim = end
                 consumed = through

@@ -27,6 +27,10 @@ class WhisperPolicy:
     # Hypotheses of a shorter window are unreliable (tiny.en hears "The Lord" for "Hello").
     min_decode_seconds: float = 2.0
     max_window_seconds: float = 24.0  # past this, commit what is there and move on
+    # Committed segments stay in the window until it is this long: context makes
+    # Whisper more accurate, and the encoder pads short windows anyway.
+    trim_after_seconds: float = 15.0
+    holdback_seconds: float = 0.5
     min_encoder_seconds: float = 10.0  # shorter windows are padded to this
     encoder_bucket_seconds: float = 5.0
     silence_db: float = -45.0  # a window whose loudest frame is below this is silence
@@ -102,7 +106,8 @@ class WhisperRunner:
 
     def new_stream(self, request: Request) -> StreamState:
         request.retain_from = 0
-        return StreamState(request=request, family_state=WhisperStream())
+        agreement = LocalAgreement(holdback_seconds=self.policy.holdback_seconds)
+        return StreamState(request=request, family_state=WhisperStream(agreement=agreement))
 
     def release(self, stream: StreamState) -> None:
         """Nothing device-side is per-session for Whisper: the window lives in the encoder cache."""
@@ -175,7 +180,10 @@ class WhisperRunner:
         request = window.stream.request
         length = window.end - state.window_start
         force = length > self.policy.max_window_seconds * POSITIONS_PER_SECOND
-        commit = state.agreement.update(hyp, final=window.final, force_trim=force)
+        may_trim = length > self.policy.trim_after_seconds * POSITIONS_PER_SECOND
+        commit = state.agreement.update(
+            hyp, window.final, force, may_trim, window_seconds=length / POSITIONS_PER_SECOND
+        )
         if commit.clear:
             keep = 0 if hyp is not None or window.final else POSITIONS_PER_SECOND
             state.window_start = max(state.window_start, window.end - keep)

@@ -1,0 +1,61 @@
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from voxtral.audio import load_audio_file
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "clients" / "samples"
+
+# 2 cores: more torch threads than cores only thrash.
+torch.set_num_threads(2)
+
+
+def normalize_words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    ref, hyp = normalize_words(reference), normalize_words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / max(1, len(ref))
+
+
+def espeak(text: str, path: Path, voice: str = "en-us", rate: int = 150, gap: int = 0) -> np.ndarray:
+    """Synthesize `text` with espeak-ng and sox (Debian packages), 16 kHz mono PCM16."""
+    if not (shutil.which("espeak-ng") and shutil.which("sox")):
+        pytest.fail("espeak-ng and sox are needed: bash scripts/setup.sh installs them")
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(
+        ["espeak-ng", "-v", voice, "-s", str(rate), "-g", str(gap), "-w", str(raw), text], check=True
+    )
+    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
+    return load_audio_file(path)
+
+
+@pytest.fixture(scope="session")
+def whisper_dir():
+    from voxtral.whisper_weights import default_whisper_dir
+
+    return default_whisper_dir()
+
+
+@pytest.fixture(scope="session")
+def whisper_model(whisper_dir):
+    from voxtral.whisper_model import WhisperModel
+
+    return WhisperModel(whisper_dir, torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def welcome():
+    return load_audio_file(SAMPLES / "welcome.wav"), (SAMPLES / "welcome.txt").read_text().strip()

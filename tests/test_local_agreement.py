@@ -1,0 +1,58 @@
+from voxtral.local_agreement import LocalAgreement
+from voxtral.whisper_model import Hypothesis, Segment
+
+
+def hyp(*segments: tuple[float, float | None, str]) -> Hypothesis:
+    return Hypothesis([], [Segment(s, e, t) for s, e, t in segments], 0.0, -0.1)
+
+
+def test_commits_what_two_hypotheses_agree_on():
+    agreement = LocalAgreement()
+    assert agreement.update(hyp((0, None, " Good morning and")), False, False).text == ""
+    commit = agreement.update(hyp((0, None, " Good morning, everyone.")), False, False)
+    assert commit.text == "Good morning,"
+    assert agreement.pending == ["everyone."]
+
+
+def test_whole_segment_committed_moves_the_window():
+    agreement = LocalAgreement()
+    agreement.update(hyp((0, 2.0, " Good morning."), (2.0, None, " Today we")), False, False)
+    commit = agreement.update(hyp((0, 2.0, " Good morning."), (2.0, None, " Today we will")), False, False)
+    assert commit.text == "Good morning. Today we"
+    assert commit.trim_seconds == 2.0
+    assert agreement.window_words == ["Today", "we"]
+
+
+def test_reworded_committed_words_are_realigned():
+    agreement = LocalAgreement(window_words=["sea", "shells", "by"], pending=["the", "shore"])
+    commit = agreement.update(hyp((0, None, " seashells by the shore today")), False, False)
+    assert commit.text == "the shore"
+
+
+def test_final_commits_everything_and_clears():
+    agreement = LocalAgreement(window_words=["Thank"], pending=["you"])
+    commit = agreement.update(hyp((0, None, " Thank you for listening.")), True, False)
+    assert commit.text == "you for listening." and commit.clear
+
+
+def test_no_speech_clears_only_an_uncommitted_window():
+    assert LocalAgreement().update(None, False, False).clear
+    assert not LocalAgreement(window_words=["Hi"]).update(None, False, False).clear
+
+
+def test_force_trim_commits_up_to_the_last_closed_segment():
+    agreement = LocalAgreement()
+    commit = agreement.update(hyp((0, 9.0, " One two."), (9.0, None, " three")), False, True)
+    assert commit.text == "One two." and commit.trim_seconds == 9.0
+
+
+def test_a_dropped_committed_word_loses_nothing():
+    agreement = LocalAgreement(window_words=["The"], pending=["children", "played"])
+    commit = agreement.update(hyp((0, None, " children played on the grass")), False, False)
+    assert commit.text == "children played"
+
+
+def test_a_corrected_last_word_is_not_repeated():
+    agreement = LocalAgreement(window_words=["walk", "their", "nogs."], pending=["The", "children"])
+    commit = agreement.update(hyp((0, None, " walk their dogs. The children played")), False, False)
+    assert commit.text == "The children"

@@ -1,0 +1,41 @@
+import numpy as np
+import torch
+from transformers.modeling_outputs import BaseModelOutput
+
+from voxtral.audio import normalize_log_mel, raw_log_mel
+
+NOTHING = np.zeros(0, np.float32)
+
+
+def features(samples: np.ndarray, frames: int) -> torch.Tensor:
+    samples = samples[: len(samples) // 160 * 160]
+    return normalize_log_mel(raw_log_mel(samples, NOTHING, NOTHING), frames)[None]
+
+
+def test_greedy_decoding_equals_transformers_generate(whisper_model, welcome):
+    samples, _ = welcome
+    batch = torch.cat([features(samples[:80000], 3000), features(samples[48000:160000], 3000)])
+    states = whisper_model.encode(batch)
+    reference_states = whisper_model.model.model.encoder(batch).last_hidden_state
+    assert torch.allclose(states, reference_states, atol=1e-5)
+    ours = whisper_model.decode(states, [[], []], [120, 120])
+    generated = whisper_model.model.generate(
+        encoder_outputs=BaseModelOutput(last_hidden_state=reference_states), return_timestamps=True
+    )
+    for hyp, row in zip(ours, generated.tolist(), strict=True):
+        reference = [t for t in row if t != whisper_model.eot]
+        assert len(set(reference)) > 10, "the reference must say something"
+        assert hyp.token_ids == reference
+        assert hyp.segments and hyp.segments[0].start == 0.0
+
+
+def test_batched_decoding_with_prompts_is_batch_invariant(whisper_model, welcome):
+    samples, _ = welcome
+    batch = torch.cat([features(samples[:64000], 1500), features(samples[32000:96000], 1500)])
+    states = whisper_model.encode(batch)
+    prompt = whisper_model.encode_prompt(" Good morning everyone.")
+    together = whisper_model.decode(states, [prompt, []], [60, 60])
+    alone = [whisper_model.decode(states[i : i + 1], [p], [60])[0] for i, p in enumerate([prompt, []])]
+    for a, b in zip(together, alone, strict=True):
+        assert a.token_ids == b.token_ids
+        assert abs(a.avg_logprob - b.avg_logprob) < 1e-3

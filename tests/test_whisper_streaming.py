@@ -1,0 +1,113 @@
+"""Streaming Whisper against its own offline transcript and the known text (espeak-ng speech)."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import WhisperFeatureExtractor, WhisperTokenizerFast
+
+from realtime.engine import Delta, Done, Engine
+from tests.conftest import espeak, word_error_rate
+from voxtral.whisper_runner import WhisperRunner
+
+PASSAGE = (
+    "Good morning everyone. Today we will talk about the weather in the city. It was raining all night, "
+    "but the sun came out this morning. Many people went to the park to walk their dogs. The children "
+    "played on the grass and the birds were singing in the trees. In the afternoon we will have a meeting "
+    "about the new school building. Please bring your notes and arrive on time. Thank you for listening, "
+    "and have a nice day."
+)
+# (voice, words per minute, pause between words in 10 ms units)
+VOICES = [("en-us", 150, 0), ("en+m3", 165, 0), ("en-us+m7", 150, 2), ("en-us", 130, 4)]
+
+
+def speak_with_pauses(tmp_path, voice: str, rate: int, gap: int) -> np.ndarray:
+    """The passage sentence by sentence, with 0.75-1.25 s of silence between sentences."""
+    pieces = []
+    for i, sentence in enumerate(PASSAGE.split(". ")):
+        pieces.append(espeak(sentence, tmp_path / f"{voice}-{rate}-{i}.wav", voice, rate, gap))
+        pieces.append(np.zeros(12000 + 4000 * (i % 3), np.float32))
+    return np.concatenate(pieces)
+
+
+def stream_through_engine(engine: Engine, audios: dict[str, np.ndarray], seed: int = 0) -> dict[str, list]:
+    """Feed every stream in random 100-500 ms pieces, interleaved, stepping the engine as audio arrives."""
+    rng = np.random.default_rng(seed)
+    events: dict[str, list] = {name: [] for name in audios}
+    for name in audios:
+        engine.add_session(name, events[name].append)
+    offsets = dict.fromkeys(audios, 0)
+    while any(offsets[n] < len(a) for n, a in audios.items()):
+        for name, samples in audios.items():
+            if offsets[name] >= len(samples):
+                continue
+            size = int(rng.integers(1600, 8001))
+            engine.add_audio(name, samples[offsets[name] : offsets[name] + size])
+            offsets[name] += size
+            if offsets[name] >= len(samples):
+                engine.finish_input(name)
+        engine.run_once()
+    for _ in range(len(audios) + 2):
+        engine.run_once()
+    return events
+
+
+def offline_text(whisper_dir, runner: WhisperRunner, samples: np.ndarray) -> str:
+    extractor = WhisperFeatureExtractor(feature_size=80)
+    features = extractor(
+        samples,
+        sampling_rate=16000,
+        return_tensors="pt",
+        truncation=False,
+        padding="longest",
+        return_attention_mask=True,
+    )
+    tokens = runner.model.model.generate(
+        features.input_features, attention_mask=features.attention_mask, return_timestamps=True
+    )
+    return WhisperTokenizerFast(tokenizer_file=str(whisper_dir / "tokenizer.json")).decode(
+        tokens[0], skip_special_tokens=True
+    )
+
+
+@pytest.fixture(scope="module")
+def runner(whisper_dir):
+    return WhisperRunner(whisper_dir, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.slow
+def test_streaming_wer_close_to_offline(runner, whisper_dir, tmp_path):
+    audios = {
+        f"{voice}-{rate}-{gap}": speak_with_pauses(tmp_path, voice, rate, gap) for voice, rate, gap in VOICES
+    }
+    assert all(len(a) > 30 * 16000 for a in audios.values())
+    engine = Engine(runner)
+    events = stream_through_engine(engine, audios)
+    for name, samples in audios.items():
+        done = [e for e in events[name] if isinstance(e, Done)]
+        deltas = [e.text for e in events[name] if isinstance(e, Delta)]
+        assert len(done) == 1, events[name]
+        assert "".join(deltas) == done[0].text, "deltas must add up to the final text"
+        assert len(deltas) >= 5, "text must stream, not arrive at the end"
+        streaming = word_error_rate(PASSAGE, done[0].text)
+        offline = word_error_rate(PASSAGE, offline_text(whisper_dir, runner, samples))
+        print(f"{name}: streaming WER {streaming:.3f}, offline WER {offline:.3f}")
+        assert streaming <= 0.15, done[0].text
+        assert streaming <= offline + 0.03, done[0].text
+    stats = engine.stats()
+    assert stats.active_sessions == 0 and stats.encoder_cache_rows == 0
+
+
+@pytest.mark.slow
+def test_silence_and_noise_give_no_text(runner):
+    rng = np.random.default_rng(1)
+    seconds = 16000 * 12
+    audios = {
+        "silence": np.zeros(seconds, np.float32),
+        "hiss": (rng.standard_normal(seconds) * 0.01).astype(np.float32),
+        "noise": (rng.standard_normal(seconds) * 0.1).astype(np.float32),
+        "loud-noise": np.clip(rng.standard_normal(seconds) * 0.4, -1, 1).astype(np.float32),
+    }
+    events = stream_through_engine(Engine(runner), audios)
+    for name in audios:
+        done = [e for e in events[name] if isinstance(e, Done)]
+        assert len(done) == 1 and done[0].text == "", (name, done)
