@@ -79,7 +79,7 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
         return Commit(bool(_field(event, "final", bool, required=False)))
     if kind == "session.update":
         return SessionUpdate(_field(event, "model", str, required=False))
-    raise ProtocolError("unknown_event", f"Unknown event type: {kind}")
+    raise ProtocolError("unknown_event", f"Unknown event type: {kind[:200]}")
 
 
 def _dump(event: dict) -> str:

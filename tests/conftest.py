@@ -59,3 +59,10 @@ def whisper_model(whisper_dir):
 @pytest.fixture(scope="session")
 def welcome():
     return load_audio_file(SAMPLES / "welcome.wav"), (SAMPLES / "welcome.txt").read_text().strip()
+
+
+@pytest.fixture
+def whisper_runner(whisper_model):
+    from voxtral.whisper_runner import WhisperRunner
+
+    return WhisperRunner(whisper_model)

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 from transformers import WhisperFeatureExtractor, WhisperTokenizerFast
 
 from realtime.engine import Delta, Done, Engine
@@ -69,9 +68,9 @@ def offline_text(whisper_dir, runner: WhisperRunner, samples: np.ndarray) -> str
     )
 
 
-@pytest.fixture(scope="module")
-def runner(whisper_dir):
-    return WhisperRunner(whisper_dir, torch.device("cpu"), torch.float32)
+@pytest.fixture
+def runner(whisper_model):
+    return WhisperRunner(whisper_model)
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from voxtral.runner import ModelRunner
+from voxtral.whisper_model import WhisperModel
 from voxtral.whisper_runner import WhisperRunner
 from voxtral.whisper_weights import WeightsError, default_whisper_dir
 
@@ -49,13 +50,13 @@ def load_model(model: str | None, device: str | None = None, dtype: str | None =
     if model in (None, DEFAULT_MODEL):
         # Whisper tiny runs in float32 on the CPU: bfloat16 there is slower and less exact.
         torch_dtype = pick_dtype(dtype, chosen) if chosen.type == "cuda" else torch.float32
-        runner = WhisperRunner(default_whisper_dir(), chosen, torch_dtype)
+        runner = WhisperRunner(WhisperModel(default_whisper_dir(), chosen, torch_dtype))
         return LoadedModel(runner, DEFAULT_MODEL, {DEFAULT_MODEL, "whisper"})
     path = Path(model).expanduser()
     if not path.is_dir():
         raise WeightsError(f"model {model!r} is neither {DEFAULT_MODEL!r} nor a local checkpoint directory")
     kind = _model_type(path)
     if kind == "whisper":
-        runner = WhisperRunner(path, chosen, pick_dtype(dtype, chosen))
+        runner = WhisperRunner(WhisperModel(path, chosen, pick_dtype(dtype, chosen)))
         return LoadedModel(runner, str(path), {str(path), path.name, model, "whisper"})
     raise WeightsError(f"{path / 'config.json'}: model_type {kind!r} is not served by voxrt yet")

@@ -2,7 +2,6 @@
 
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import structlog
@@ -81,15 +80,13 @@ def drop_repetition(segments: list[Segment], max_ratio: float) -> list[Segment]:
 class WhisperRunner:
     name = "whisper"
 
-    def __init__(
-        self, path: Path, device: torch.device, dtype: torch.dtype, policy: WhisperPolicy | None = None
-    ) -> None:
-        self.model = WhisperModel(path, device, dtype)
-        self.device = device
+    def __init__(self, model: WhisperModel, policy: WhisperPolicy | None = None) -> None:
+        """Runners may share a model; each engine needs its own runner (its store follows its cache)."""
+        self.model = model
+        self.device = model.device
         self.policy = policy or WhisperPolicy()
         self.chunk_samples = int(self.policy.chunk_seconds * SAMPLE_RATE) // HOP * HOP
         self.samples_per_position = HOP
-        self.model_path = path
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> device copy of an item's log-mel
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig:

@@ -1,0 +1,90 @@
+"""A real voxrt server on 127.0.0.1 (ephemeral port) in a background thread, for end-to-end tests."""
+
+import asyncio
+import base64
+import json
+import threading
+import urllib.request
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import ClientConnection, connect
+
+from realtime.engine import Engine, EngineConfig
+from realtime.server import RealtimeServer, ServerConfig
+from voxtral.audio import float32_to_pcm16
+
+
+class ServerThread:
+    def __init__(
+        self, runner, config: ServerConfig, engine_config: EngineConfig | None = None, **engine_kwargs
+    ):
+        config.port = 0
+        self.engine = Engine(
+            runner, engine_config or EngineConfig(max_sessions=config.max_sessions), **engine_kwargs
+        )
+        self.server = RealtimeServer(self.engine, config, {"whisper-tiny.en", "whisper"}, "whisper-tiny.en")
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(timeout=30)
+        self.url = f"ws://127.0.0.1:{self.server.port}/v1/realtime"
+        self.http = f"http://127.0.0.1:{self.server.port}"
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.drain_and_stop(), self.loop).result(timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    def connect(self, **kwargs) -> ClientConnection:
+        connection = connect(self.url, open_timeout=10, **kwargs)
+        created = json.loads(connection.recv(timeout=10))
+        assert created["type"] == "session.created" and created["id"].startswith("sess-")
+        assert isinstance(created["created"], int)
+        return connection
+
+    def get(self, path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(self.http + path, timeout=10) as response:
+            return response.status, response.read().decode()
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics, parsed with Prometheus' own text parser."""
+        _, text = self.get("/metrics")
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return values
+
+
+def append_event(samples: np.ndarray) -> str:
+    return json.dumps(
+        {"type": "input_audio_buffer.append", "audio": base64.b64encode(float32_to_pcm16(samples)).decode()}
+    )
+
+
+def stream(connection: ClientConnection, samples: np.ndarray, chunk: int = 3200, final: bool = True) -> None:
+    connection.send(json.dumps({"type": "input_audio_buffer.commit"}))
+    for offset in range(0, len(samples), chunk):
+        connection.send(append_event(samples[offset : offset + chunk]))
+    if final:
+        connection.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+
+
+def events_until(connection: ClientConnection, kind: str, timeout: float = 60) -> list[dict]:
+    """Events up to and including the first of type `kind` (or an error if kind is 'error')."""
+    events = []
+    while True:
+        event = json.loads(connection.recv(timeout=timeout))
+        events.append(event)
+        if event["type"] == kind:
+            return events
+
+
+def expect_error(connection: ClientConnection, message: str | bytes, code: str) -> dict:
+    connection.send(message)
+    event = json.loads(connection.recv(timeout=10))
+    assert event["type"] == "error" and event["code"] == code, event
+    assert isinstance(event["error"], str) and event["error"]
+    return event

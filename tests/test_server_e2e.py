@@ -1,0 +1,247 @@
+"""The server over a real socket, driven by the websockets client as any external client would."""
+
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from realtime import engine as engine_module
+from realtime.engine import EngineConfig
+from realtime.server import ServerConfig
+from tests.conftest import word_error_rate
+from tests.server_harness import ServerThread, append_event, events_until, expect_error, stream
+from voxtral.whisper_runner import WhisperRunner
+
+FIRST_SECONDS = (
+    "Good morning everyone. Today we will talk about the weather in the city."  # welcome.wav[:4 s]
+)
+
+
+@pytest.fixture(scope="module")
+def server(whisper_model):
+    harness = ServerThread(
+        WhisperRunner(whisper_model), ServerConfig(max_sessions=40, max_frame_bytes=256_000)
+    )
+    yield harness
+    harness.stop()
+
+
+def wait_until_idle(server: ServerThread, timeout: float = 30) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        metrics = server.metrics()
+        idle = metrics["voxrt_engine_sessions"] == 0 and metrics["voxrt_connections_active"] == 0
+        if idle or time.monotonic() > deadline:
+            return metrics
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_happy_path_streams_deltas_before_the_final_commit(server, welcome):
+    samples, text = welcome
+    with server.connect() as ws:
+        ws.send(json.dumps({"type": "session.update", "model": "whisper-tiny.en"}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        deltas_before_final = []
+        for offset in range(0, len(samples), 1600):  # 100 ms chunks, paced at 4x real time
+            ws.send(append_event(samples[offset : offset + 1600]))
+            time.sleep(0.025)
+            try:
+                while True:
+                    event = json.loads(ws.recv(timeout=0))
+                    assert event["type"] == "transcription.delta", event
+                    deltas_before_final.append(event["delta"])
+            except TimeoutError:
+                pass
+        ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        events = events_until(ws, "transcription.done")
+        assert len(deltas_before_final) >= 3, "deltas must flow while audio is still arriving"
+        done = events[-1]
+        deltas = deltas_before_final + [e["delta"] for e in events if e["type"] == "transcription.delta"]
+        assert "".join(deltas) == done["text"]
+        assert word_error_rate(text, done["text"]) <= 0.1, done["text"]
+        assert done["usage"]["completion_tokens"] > 0 and done["usage"]["audio_seconds"] > 10
+        # The same connection takes a next utterance.
+        stream(ws, samples[: 16000 * 4])
+        second = events_until(ws, "transcription.done")[-1]
+        assert word_error_rate(FIRST_SECONDS, second["text"]) <= 0.3, second["text"]
+    metrics = wait_until_idle(server)
+    assert metrics["voxrt_encoder_cache_rows"] == 0
+    assert metrics["voxrt_sessions_total"] >= 2 and metrics["voxrt_deltas_total"] >= 3
+    assert metrics["voxrt_time_to_first_delta_seconds_count"] >= 1
+
+
+def test_every_client_mistake_gets_its_error_code(server):
+    with server.connect() as ws:
+        expect_error(ws, "{not json", "invalid_json")
+        expect_error(ws, "[1, 2]", "invalid_event")
+        expect_error(ws, '"just a string"', "invalid_event")
+        expect_error(ws, json.dumps({"no": "type"}), "invalid_event")
+        expect_error(ws, json.dumps({"type": 7}), "invalid_event")
+        expect_error(ws, json.dumps({"type": "conversation.item.create"}), "unknown_event")
+        expect_error(ws, json.dumps({"type": "input_audio_buffer.append"}), "invalid_event")
+        expect_error(ws, json.dumps({"type": "input_audio_buffer.append", "audio": 5}), "invalid_event")
+        expect_error(ws, json.dumps({"type": "input_audio_buffer.commit", "final": "yes"}), "invalid_event")
+        expect_error(ws, json.dumps({"type": "session.update", "model": ["x"]}), "invalid_event")
+        expect_error(ws, json.dumps({"type": "input_audio_buffer.append", "audio": "%%%"}), "invalid_audio")
+        expect_error(
+            ws, json.dumps({"type": "input_audio_buffer.append", "audio": "AAE="[:3]}), "invalid_audio"
+        )
+        odd = json.dumps({"type": "input_audio_buffer.append", "audio": "AAEC"})  # 3 bytes
+        expect_error(ws, odd, "invalid_audio")
+        expect_error(ws, b"\x00\x01binary", "invalid_event")
+        expect_error(ws, json.dumps({"type": "session.update", "model": "gpt-nonexistent"}), "unknown_model")
+        # After all that the session is still usable, and audio before any commit auto-starts it.
+        ws.send(append_event(np.zeros(16000, np.float32)))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        expect_error(ws, append_event(np.zeros(1600, np.float32)), "input_finished")
+        done = events_until(ws, "transcription.done")[-1]
+        assert done["text"] == ""
+    metrics = wait_until_idle(server)
+    assert metrics["voxrt_errors_total{code=invalid_event}"] >= 7
+    assert metrics["voxrt_encoder_cache_rows"] == 0
+
+
+def test_frame_over_the_limit_is_closed_with_1009(server):
+    with server.connect() as ws:
+        ws.send(append_event(np.zeros(200_000, np.float32)))  # ~530 kB of JSON
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 1009
+    with server.connect() as ws:  # the server carries on
+        expect_error(ws, "{", "invalid_json")
+
+
+def test_session_past_its_length_limit(whisper_model, monkeypatch):
+    harness = ServerThread(
+        WhisperRunner(whisper_model), ServerConfig(), EngineConfig(max_session_seconds=3.0)
+    )
+    try:
+        with harness.connect() as ws:
+            stream(ws, np.zeros(16000 * 5, np.float32), final=False)
+            error = events_until(ws, "error")[-1]
+            assert error["code"] == "session_too_long"
+            # A new utterance on the same connection works.
+            stream(ws, np.zeros(16000, np.float32))
+            assert events_until(ws, "transcription.done")[-1]["text"] == ""
+        monkeypatch.setattr(engine_module, "MAX_ITEMS_PER_SESSION", 1)
+        with harness.connect() as ws:
+            stream(ws, np.zeros(int(16000 * 2.9), np.float32), final=False)
+            assert events_until(ws, "error")[-1]["code"] == "session_too_long"
+        assert wait_until_idle(harness)["voxrt_encoder_cache_rows"] == 0
+    finally:
+        harness.stop()
+
+
+def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=2, api_key="s3cret"))
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            harness.connect()
+        assert refused.value.response.status_code == 401
+        with pytest.raises(InvalidStatus) as refused:
+            harness.connect(additional_headers={"Authorization": "Bearer wrong"})
+        assert refused.value.response.status_code == 401
+        auth = {"additional_headers": {"Authorization": "Bearer s3cret"}}
+        with harness.connect(**auth), harness.connect(**auth):
+            with pytest.raises(InvalidStatus) as refused:
+                harness.connect(**auth)
+            assert refused.value.response.status_code == 503
+            assert json.loads(refused.value.response.body)["code"] == "too_many_sessions"
+        metrics = harness.metrics()
+        assert metrics["voxrt_errors_total{code=unauthorized}"] == 2
+        assert metrics["voxrt_errors_total{code=too_many_sessions}"] == 1
+    finally:
+        harness.stop()
+
+
+@pytest.mark.slow
+def test_client_that_vanishes_mid_stream_leaves_nothing(server, welcome):
+    samples, _ = welcome
+    ws = server.connect()
+    stream(ws, samples[: 16000 * 5], final=False)
+    time.sleep(1.0)
+    ws.socket.close()  # no close frame: the client just disappears
+    metrics = wait_until_idle(server)
+    assert metrics["voxrt_engine_sessions"] == 0
+    assert metrics["voxrt_connections_active"] == 0
+    assert metrics["voxrt_sessions_active"] == 0
+    assert metrics["voxrt_encoder_cache_rows"] == 0
+    assert server.engine.scheduler.requests == {}
+    assert server.engine.scheduler.encoder_cache.input_ids_by_request == {}
+    assert metrics["voxrt_feature_cache_bytes"] <= server.engine.feature_cache.capacity_bytes
+
+
+def test_client_that_stops_reading_is_closed(whisper_model):
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(outbox_events=8))
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing
+        sock.connect(("127.0.0.1", harness.server.port))
+        ws = harness.connect(sock=sock, max_queue=1)
+        # Every bad message earns an error event the client never reads; once the socket
+        # buffers and the outbox are full, the server gives up on it.
+        junk = json.dumps({"type": "y" * 200})
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                for _ in range(200):
+                    ws.send(junk)
+                if harness.metrics().get("voxrt_errors_total{code=slow_consumer}", 0) >= 1:
+                    break
+        except ConnectionClosed:
+            pass
+        assert harness.metrics()["voxrt_errors_total{code=slow_consumer}"] == 1
+        ws.socket.close()
+        assert wait_until_idle(harness)["voxrt_connections_active"] == 0
+    finally:
+        harness.stop()
+
+
+@pytest.mark.slow
+def test_twenty_concurrent_sessions(server, welcome):
+    samples, _ = welcome
+    clip = samples[: 16000 * 4]
+    results: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        with server.connect() as ws:
+            stream(ws, clip)
+            results[i] = events_until(ws, "transcription.done", timeout=120)[-1]["text"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert len(results) == 20
+    for text in results.values():
+        assert word_error_rate(FIRST_SECONDS, text) <= 0.3, text
+    assert wait_until_idle(server)["voxrt_encoder_cache_rows"] == 0
+
+
+def test_health_and_metrics_endpoints(server):
+    status, body = server.get("/health")
+    health = json.loads(body)
+    assert status == 200 and health["status"] == "ok" and health["model"] == "whisper-tiny.en"
+    metrics = server.metrics()
+    for name in (
+        "voxrt_connections_active",
+        "voxrt_sessions_active",
+        "voxrt_sessions_total",
+        "voxrt_audio_seconds_total",
+        "voxrt_tokens_total",
+        "voxrt_step_seconds_count",
+        "voxrt_time_to_first_delta_seconds_count",
+        "voxrt_delta_latency_seconds_count",
+        "voxrt_encoder_cache_rows",
+        "voxrt_encoder_cache_capacity_rows",
+        "voxrt_feature_cache_queries_total",
+        "voxrt_feature_cache_hits_total",
+        "process_resident_memory_bytes",
+    ):
+        assert name in metrics, name

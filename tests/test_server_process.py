@@ -1,0 +1,65 @@
+"""`voxrt serve` as a subprocess: startup log, SIGTERM drain, exit code."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from tests.conftest import ROOT
+from tests.server_harness import events_until, stream
+
+
+def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "realtime.cli", "serve", "--port", "0", "--threads", "2", *extra],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("event") == "server.listening":
+            assert record["model"] == "whisper-tiny.en" and record["device"] == "cpu"
+            return process, record["url"]
+    process.kill()
+    pytest.fail("server did not start")
+
+
+@pytest.mark.slow
+def test_sigterm_drains_active_sessions_and_exits_zero(welcome):
+    samples, _ = welcome
+    process, url = start_server("--drain-seconds", "30")
+    try:
+        with connect(url, open_timeout=10) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+            stream(ws, samples[: 16000 * 4], final=False)
+            time.sleep(0.5)
+            process.send_signal(signal.SIGTERM)
+            done = events_until(ws, "transcription.done", timeout=60)[-1]
+            assert "morning" in done["text"].lower()
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd.code == 1001
+        assert process.wait(timeout=60) == 0
+        logs = [json.loads(line) for line in process.stderr.read().splitlines() if line.startswith("{")]
+        events = [record["event"] for record in logs]
+        assert "server.draining" in events and "server.stopped" in events
+        ends = [r for r in logs if r["event"] == "session.end"]
+        assert ends and ends[0]["session_id"].startswith("sess-") and ends[0]["audio_seconds"] == 4.0
+    finally:
+        process.kill()
