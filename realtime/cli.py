@@ -100,12 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve_arguments(demo)
     demo.add_argument("file", nargs="?", default=str(SAMPLE))
 
-    from clients import stream
+    from clients import mic, soak, stream
 
-    stream.add_arguments(sub.add_parser("stream", help="stream audio files to a server"))
+    clients = {
+        "stream": (stream, "stream audio files to a server"),
+        "mic": (mic, "transcribe the microphone live"),
+        "soak": (soak, "hold N sessions against a server and judge leaks and latency"),
+    }
+    for name, (module, help_text) in clients.items():
+        module.add_arguments(sub.add_parser(name, help=help_text))
 
     args = parser.parse_args(argv)
-    configure_logging(getattr(args, "log_level", "warning") if args.command != "stream" else "warning")
+    configure_logging(getattr(args, "log_level", "warning") if args.command not in clients else "warning")
     from voxtral.whisper_weights import WeightsError
 
     try:
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.log_level == "info":
                 configure_logging("warning")
             return asyncio.run(_demo(args))
-        return stream.run(args)
+        return clients[args.command][0].run(args)
     except WeightsError as exc:
         structlog.get_logger("voxrt").error("model.load_failed", error=str(exc))
         print(f"voxrt: {exc}", file=sys.stderr)

@@ -33,6 +33,7 @@ def _estimate_word_ends(words: list[str], start: float, end: float) -> list[floa
 class WindowCommit:
     text: str  # newly committed text, to append to the transcript
     trim_seconds: float = 0.0  # how far the window start may move forward
+    consumed_words: int = 0  # words of the hypothesis that the trim dropped from the window
     # Nothing in the window is still needed: it may move to its end (keeping a short
     # tail when nothing was said, in case speech is just starting).
     clear: bool = False
@@ -128,4 +129,4 @@ class LocalAgreement:
                 consumed = through
         if trim > 0:
             self.window_words = self.window_words[consumed:]
-        return WindowCommit(" ".join(committed), trim_seconds=trim)
+        return WindowCommit(" ".join(committed), trim_seconds=trim, consumed_words=consumed)

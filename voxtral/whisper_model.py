@@ -86,11 +86,15 @@ class WhisperModel:
         prefix = [self.sot_prev, *prompt[-room:]] if prompt else []
         return [*prefix, self.sot]
 
-    def _timestamp_rules(self, scores: torch.Tensor, generated: list[list[int]], step: int) -> None:
+    def _timestamp_rules(self, scores: torch.Tensor, generated: list[list[int]]) -> None:
         """Whisper's rules: timestamps pair up and never go back; the first token is one."""
         tb = self.timestamp_begin
         for row, seq in enumerate(generated):
-            last_ts = len(seq) >= 1 and seq[-1] >= tb
+            if not seq:
+                scores[row, :tb] = -torch.inf
+                scores[row, tb + self.max_initial_timestamp_index + 1 :] = -torch.inf
+                continue
+            last_ts = seq[-1] >= tb
             penultimate_ts = len(seq) < 2 or seq[-2] >= tb
             if last_ts:
                 if penultimate_ts:
@@ -101,9 +105,6 @@ class WhisperModel:
             if stamps:
                 floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
                 scores[row, tb:floor] = -torch.inf
-        if step == 0:
-            scores[:, :tb] = -torch.inf
-            scores[:, tb + self.max_initial_timestamp_index + 1 :] = -torch.inf
         logprobs = torch.log_softmax(scores.float(), dim=-1)
         timestamp_logprob = logprobs[:, tb:].logsumexp(dim=-1)
         text_logprob = logprobs[:, :tb].max(dim=-1).values
@@ -111,29 +112,38 @@ class WhisperModel:
 
     @torch.inference_mode()
     def decode(
-        self, encoder_states: torch.Tensor, prompts: list[list[int]], max_new_tokens: list[int]
+        self,
+        encoder_states: torch.Tensor,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        forced: list[list[int]] | None = None,
     ) -> list[Hypothesis]:
         """Greedy decoding with timestamps for a batch of windows, one KV cache for all rows.
 
-        Prompts differ in length: rows are left-padded, masked, and given their own positions.
+        `forced` tokens are a row's known start (text it already committed for this
+        window): they are read in one pass and decoding continues after them. Rows differ
+        in length: they are left-padded, masked, and given their own positions.
         """
         batch = len(prompts)
-        initial = [self._initial_ids(p) for p in prompts]
+        forced = forced or [[] for _ in prompts]
+        heads = [self._initial_ids(p) for p in prompts]
+        initial = [head + list(f) for head, f in zip(heads, forced, strict=True)]
         width = max(len(ids) for ids in initial)
         input_ids = torch.full((batch, width), self.eot, dtype=torch.long)
         mask = torch.zeros((batch, width), dtype=torch.long)
         for row, ids in enumerate(initial):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             mask[row, width - len(ids) :] = 1
+        sot_index = [width - len(ids) + len(head) - 1 for ids, head in zip(initial, heads, strict=True)]
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        generated: list[list[int]] = [[] for _ in range(batch)]
+        generated: list[list[int]] = [list(f) for f in forced]
+        num_new = [0] * batch
         sum_logprob = [0.0] * batch
         done = [False] * batch
         no_speech_prob: list[float] = []
-        limit = max(max_new_tokens)
-        for step in range(limit):
+        for step in range(max(max_new_tokens)):
             hidden = self.model.model.decoder(
                 input_ids=input_ids,
                 attention_mask=mask,
@@ -144,10 +154,12 @@ class WhisperModel:
             ).last_hidden_state
             scores = self.model.proj_out(hidden[:, -1]).float()
             if step == 0:
-                no_speech_prob = torch.softmax(scores, dim=-1)[:, self.no_speech].tolist()
-                scores.masked_fill_(self.begin_suppress, -torch.inf)
+                at_sot = self.model.proj_out(hidden[torch.arange(batch), sot_index]).float()
+                no_speech_prob = torch.softmax(at_sot, dim=-1)[:, self.no_speech].tolist()
+                starting = torch.tensor([not f for f in forced], device=self.device)
+                scores.masked_fill_(starting[:, None] & self.begin_suppress, -torch.inf)
             scores.masked_fill_(self.suppress, -torch.inf)
-            self._timestamp_rules(scores, generated, step)
+            self._timestamp_rules(scores, generated)
             logprobs = torch.log_softmax(scores, dim=-1)
             next_ids = scores.argmax(dim=-1)
             chosen = logprobs.gather(1, next_ids[:, None])[:, 0].tolist()
@@ -159,7 +171,8 @@ class WhisperModel:
                     done[row] = True
                     continue
                 generated[row].append(token)
-                if len(generated[row]) >= max_new_tokens[row]:
+                num_new[row] += 1
+                if num_new[row] >= max_new_tokens[row]:
                     done[row] = True
             if all(done):
                 break
@@ -168,14 +181,49 @@ class WhisperModel:
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
             positions = positions[:, -1:] + 1
         return [
-            Hypothesis(
-                tokens,
-                self.segments(tokens),
-                no_speech_prob[row],
-                sum_logprob[row] / (len(tokens) + 1),
-            )
+            Hypothesis(tokens, self.segments(tokens), no_speech_prob[row], sum_logprob[row] / (num_new[row] + 1))
             for row, tokens in enumerate(generated)
         ]
+
+    def word_starts(self, tokens: list[int]) -> list[bool]:
+        """Which tokens begin a word, as `str.split` on each segment's text would count them."""
+        starts, after_timestamp = [], True
+        for token in tokens:
+            if token >= self.timestamp_begin:
+                starts.append(False)
+                after_timestamp = True
+                continue
+            piece = self.tokenizer.id_to_token(token) or ""
+            starts.append(piece.startswith("Ġ") or after_timestamp)
+            after_timestamp = False
+        return starts
+
+    def window_prefix(self, tokens: list[int], skip_words: int, keep_words: int, shift_seconds: float) -> list[int]:
+        """The tokens of words `[skip, skip + keep)` of a hypothesis, to force on the next decode.
+
+        They start with the timestamp that opened their segment; when the window moved
+        `shift_seconds` forward, every timestamp moves back with it.
+        """
+        if keep_words == 0:
+            return []
+        shift = round(shift_seconds / SECONDS_PER_TIMESTAMP)
+        out: list[int] = []
+        opening: int | None = None
+        word = -1
+        for token, starts in zip(tokens, self.word_starts(tokens), strict=True):
+            word += starts
+            if token >= self.timestamp_begin:
+                if word < skip_words:
+                    opening = token
+                    continue
+            elif word < skip_words:
+                continue
+            if starts and word >= skip_words + keep_words:
+                break
+            if not out and token < self.timestamp_begin:
+                out.append(opening if opening is not None else self.timestamp_begin + shift)
+            out.append(token)
+        return [max(self.timestamp_begin, t - shift) if t >= self.timestamp_begin else t for t in out]
 
     def segments(self, tokens: list[int]) -> list[Segment]:
         """Split timestamped tokens into segments; an unclosed last one has no end."""

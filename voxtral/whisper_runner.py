@@ -45,6 +45,9 @@ class WhisperPolicy:
 class WhisperStream:
     window_start: int = 0  # position where the uncommitted window begins
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
+    # Tokens of the window's committed words: forced on the next decode, so only the
+    # uncommitted tail is generated and committed text cannot change under the agreement.
+    prefix: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -164,7 +167,8 @@ class WhisperRunner:
             )
             for w in windows
         ]
-        hyps = self.model.decode(states, prompts, budgets)
+        forced = [w.stream.family_state.prefix for w in windows]
+        hyps = self.model.decode(states, prompts, budgets, forced)
         out: dict[int, Hypothesis | None] = {}
         for window, hyp in zip(windows, hyps, strict=True):
             silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
@@ -184,8 +188,14 @@ class WhisperRunner:
         if commit.clear:
             keep = 0 if hyp is not None or window.final else POSITIONS_PER_SECOND
             state.window_start = max(state.window_start, window.end - keep)
-        elif commit.trim_seconds > 0:
+            state.prefix = []
+        else:
             state.window_start += round(commit.trim_seconds * POSITIONS_PER_SECOND)
+            if hyp is not None:
+                words = len(state.agreement.window_words)
+                state.prefix = self.model.window_prefix(
+                    hyp.token_ids, commit.consumed_words, words, commit.trim_seconds
+                )
         state.window_start = min(state.window_start, window.end)
         request.retain_from = state.window_start
         return commit.text

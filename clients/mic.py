@@ -1,0 +1,160 @@
+"""`voxrt mic`: transcribe the microphone live; Ctrl-C finishes the utterance and prints it."""
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+
+import numpy as np
+from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
+
+from clients.connection import ServerError, commit, open_connection, send_audio
+from clients.stream import DEFAULT_URL, EXIT_CONNECTION, EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE
+from voxtral.audio import SAMPLE_RATE, load_audio_file
+
+CHUNK = SAMPLE_RATE // 10  # 100 ms
+PORTAUDIO_HINT = (
+    "voxrt mic: PortAudio is missing: install it (Debian/Ubuntu: sudo apt-get install libportaudio2; "
+    "macOS: brew install portaudio), or use --input-file"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL)
+    parser.add_argument("--device", type=int, default=None, help="input device index (see --list-devices)")
+    parser.add_argument("--list-devices", action="store_true")
+    parser.add_argument("--input-file", default=None, help="play a file as if it were the microphone")
+    parser.add_argument("--api-key", default=None)
+
+
+def _sounddevice():
+    try:
+        import sounddevice
+    except OSError:  # the module imports, then fails to find libportaudio
+        print(PORTAUDIO_HINT, file=sys.stderr)
+        return None
+    return sounddevice
+
+
+def _level_db(samples: np.ndarray) -> float:
+    return 20 * np.log10(max(1e-5, float(np.sqrt(np.mean(samples**2))) if len(samples) else 1e-5))
+
+
+class Display:
+    """Committed text, and on a terminal a live level meter on the same line."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.text = ""
+        self.db = -100.0
+
+    def level(self, db: float) -> None:
+        self.db = db
+        self._draw()
+
+    def delta(self, text: str) -> None:
+        self.text += text
+        if self.tty:
+            self._draw()
+        else:
+            print(text, end="", flush=True)
+
+    def _draw(self) -> None:
+        if not self.tty:
+            return
+        bars = int(np.clip((self.db + 60) / 3, 0, 20))
+        print(f"\r\x1b[K[{'#' * bars:<20}] {self.db:5.0f} dB | {self.text[-60:]}", end="", flush=True)
+
+
+async def _file_source(path: str, queue: asyncio.Queue, stop: asyncio.Event) -> None:
+    samples = load_audio_file(path)
+    started = time.monotonic()
+    for offset in range(0, len(samples), CHUNK):
+        if stop.is_set():
+            break
+        await queue.put(samples[offset : offset + CHUNK])
+        await asyncio.sleep(max(0.0, started + (offset + CHUNK) / SAMPLE_RATE - time.monotonic()))
+    await queue.put(None)
+
+
+async def _mic_source(sd, device: int | None, queue: asyncio.Queue, stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def callback(indata, frames, at, status) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, indata[:, 0].copy())
+
+    with sd.InputStream(
+        samplerate=SAMPLE_RATE, channels=1, dtype="float32", blocksize=CHUNK, device=device, callback=callback
+    ):
+        await stop.wait()
+    await queue.put(None)
+
+
+async def _run(args: argparse.Namespace, sd) -> int:
+    try:
+        connection = await open_connection(args.url, args.api_key)
+    except InvalidStatus as exc:
+        print(f"voxrt mic: server refused the connection: HTTP {exc.response.status_code}", file=sys.stderr)
+        return EXIT_CONNECTION
+    except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
+        print(f"voxrt mic: cannot connect to {args.url}: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
+    display = Display()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+    queue: asyncio.Queue = asyncio.Queue()
+    if args.input_file:
+        source = asyncio.create_task(_file_source(args.input_file, queue, stop))
+    else:
+        source = asyncio.create_task(_mic_source(sd, args.device, queue, stop))
+
+    async def send() -> None:
+        await commit(connection)
+        while (chunk := await queue.get()) is not None:
+            display.level(_level_db(chunk))
+            await send_audio(connection, chunk)
+        await commit(connection, final=True)
+
+    sender = asyncio.create_task(send())
+    status, final_text = EXIT_SERVER_ERROR, None
+    try:
+        async with connection:
+            async for message in connection:
+                event = json.loads(message)
+                if event["type"] == "transcription.delta":
+                    display.delta(event["delta"])
+                elif event["type"] == "transcription.done":
+                    final_text, status = event["text"], EXIT_OK
+                    break
+                elif event["type"] == "error":
+                    print(f"\nvoxrt mic: server error {event['code']}: {event['error']}", file=sys.stderr)
+    except WebSocketException as exc:
+        print(f"\nvoxrt mic: connection lost: {exc}", file=sys.stderr)
+        status = EXIT_CONNECTION
+    finally:
+        stop.set()
+        sender.cancel()
+        source.cancel()
+    if final_text is not None:
+        print(("\r\x1b[K" if display.tty else "\n") + final_text, flush=True)
+    return status
+
+
+def main_for_test(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    sd = None
+    if args.list_devices or not args.input_file:
+        sd = _sounddevice()
+        if sd is None:
+            return EXIT_USAGE
+    if args.list_devices:
+        print(sd.query_devices())
+        return EXIT_OK
+    return asyncio.run(_run(args, sd))

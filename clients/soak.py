@@ -1,0 +1,253 @@
+"""`voxrt soak`: N paced sessions for a while, sampling /metrics, then a report and a verdict."""
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import WebSocketException
+
+from clients.connection import open_connection, stream_utterance
+from clients.stream import DEFAULT_URL
+from voxtral.audio import load_audio_file
+
+SAMPLE = Path(__file__).resolve().parent / "samples" / "welcome.wav"
+
+
+def parse_duration(text: str) -> float:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smh]?)", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use 90, 90s, 10m or 2h")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL)
+    parser.add_argument("--sessions", type=int, default=4)
+    parser.add_argument("--duration", type=parse_duration, default=parse_duration("10m"))
+    parser.add_argument("--speed", type=float, default=1.0, help="pace at X times real time")
+    parser.add_argument("--churn", action="store_true", help="end and reconnect after every file")
+    parser.add_argument("--audio", nargs="+", default=[str(SAMPLE)], metavar="FILE")
+    parser.add_argument("--report", default=None, metavar="OUT.json")
+    parser.add_argument("--plot", default=None, metavar="OUT.png")
+    parser.add_argument("--sample-seconds", type=float, default=5.0, help="how often to read /metrics")
+    parser.add_argument("--warmup", type=float, default=0.2, help="share of the run before RSS is judged")
+    parser.add_argument("--max-p95-latency", type=float, default=3.0, help="seconds, server delta latency")
+    parser.add_argument("--max-rss-growth", type=float, default=200.0, help="MB after warm-up")
+    parser.add_argument("--api-key", default=None)
+
+
+def scrape(http_base: str) -> dict[str, float]:
+    with urllib.request.urlopen(http_base + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "voxrt_delta_latency_seconds_bucket":
+                values[f"le={sample.labels['le']}"] = sample.value
+            elif not sample.labels:
+                values[sample.name] = sample.value
+    return values
+
+
+def histogram_quantile(before: dict[str, float], after: dict[str, float], q: float) -> float | None:
+    """Prometheus-style quantile of the delta-latency observations made between two scrapes."""
+    buckets = sorted(
+        (float(k[3:]), after[k] - before.get(k, 0.0)) for k in after if k.startswith("le=")
+    )
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank, previous_bound, previous_count = q * buckets[-1][1], 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return previous_bound
+            share = (rank - previous_count) / max(count - previous_count, 1e-9)
+            return previous_bound + (bound - previous_bound) * share
+        previous_bound, previous_count = bound, count
+    return previous_bound
+
+
+@dataclass
+class SoakState:
+    utterances: int = 0
+    audio_seconds: float = 0.0
+    deltas: int = 0
+    errors: Counter = field(default_factory=Counter)
+    final_latencies: list[float] = field(default_factory=list)
+
+
+async def worker(i: int, args: argparse.Namespace, audios: list[np.ndarray], deadline: float, state: SoakState):
+    turn = i  # sessions start on different files
+    while time.monotonic() < deadline:
+        try:
+            async with await open_connection(args.url, args.api_key) as connection:
+                while time.monotonic() < deadline:
+                    if args.churn:
+                        samples = audios[turn % len(audios)]
+                    else:  # one long session: the files back to back until the deadline
+                        reps = max(1, int((deadline - time.monotonic()) * args.speed / (len(audios[0]) / 16000)) + 1)
+                        samples = np.concatenate([audios[(turn + k) % len(audios)] for k in range(reps)])
+                    turn += 1
+                    sent_at = time.monotonic()
+                    result = await stream_utterance(connection, samples, 100, args.speed)
+                    state.final_latencies.append(time.monotonic() - sent_at - len(samples) / 16000 / args.speed)
+                    state.utterances += 1
+                    state.audio_seconds += len(samples) / 16000
+                    state.deltas += len(result.deltas)
+                    for error in result.errors:
+                        state.errors[error.get("code", "unknown")] += 1
+                    if args.churn:
+                        break
+        except (OSError, WebSocketException, TimeoutError) as exc:
+            state.errors[f"connection:{type(exc).__name__}"] += 1
+            await asyncio.sleep(1.0)
+
+
+def rss_slope_mb_per_hour(samples: list[dict], warmup_until: float) -> float:
+    points = [(s["t"], s["rss_mb"]) for s in samples if s["t"] >= warmup_until]
+    if len(points) < 3:
+        return 0.0
+    t, rss = np.array(points).T
+    return float(np.polyfit(t / 3600, rss, 1)[0])
+
+
+async def soak(args: argparse.Namespace) -> dict:
+    http_base = args.url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
+    audios = [load_audio_file(path) for path in args.audio]
+    state = SoakState()
+    samples: list[dict] = []
+    started = time.monotonic()
+    deadline = started + args.duration
+    first = previous = scrape(http_base)
+    workers = [asyncio.create_task(worker(i, args, audios, deadline, state)) for i in range(args.sessions)]
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=int(args.duration), unit="s", desc="soak", disable=not sys.stderr.isatty())
+    except ImportError:
+        bar = None
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(args.sample_seconds, max(0.0, deadline - time.monotonic())))
+        now = scrape(http_base)
+        t = time.monotonic() - started
+        samples.append(
+            {
+                "t": round(t, 2),
+                "rss_mb": round(now.get("process_resident_memory_bytes", 0) / 2**20, 2),
+                "sessions": now.get("voxrt_sessions_active", 0),
+                "encoder_cache_rows": now.get("voxrt_encoder_cache_rows", 0),
+                "feature_cache_hits": now.get("voxrt_feature_cache_hits_total", 0),
+                "feature_cache_queries": now.get("voxrt_feature_cache_queries_total", 0),
+                "p95_latency_s": histogram_quantile(previous, now, 0.95),
+            }
+        )
+        previous = now
+        if bar is not None:
+            bar.n = min(int(t), int(args.duration))
+            bar.set_postfix(sessions=int(now.get("voxrt_sessions_active", 0)), errors=sum(state.errors.values()))
+            bar.refresh()
+    await asyncio.gather(*workers)
+    if bar is not None:
+        bar.close()
+    # All sessions have ended: every cache row they referenced must be back.
+    end = scrape(http_base)
+    for _ in range(100):
+        if end.get("voxrt_sessions_active", 0) == 0 and end.get("voxrt_engine_sessions", 0) == 0:
+            break
+        await asyncio.sleep(0.2)
+        end = scrape(http_base)
+    warmup_until = args.duration * args.warmup
+    after_warmup = [s["rss_mb"] for s in samples if s["t"] >= warmup_until] or [samples[-1]["rss_mb"]]
+    quantiles = {q: histogram_quantile(first, end, q) for q in (0.5, 0.95, 0.99)}
+    return {
+        "url": args.url,
+        "sessions": args.sessions,
+        "churn": args.churn,
+        "duration_s": round(time.monotonic() - started, 1),
+        "utterances": state.utterances,
+        "audio_seconds": round(state.audio_seconds, 1),
+        "deltas": state.deltas,
+        "latency_s": {f"p{int(q * 100)}": (round(v, 3) if v is not None else None) for q, v in quantiles.items()},
+        "final_latency_s_p95": round(float(np.percentile(state.final_latencies, 95)), 3)
+        if state.final_latencies
+        else None,
+        "errors": dict(state.errors),
+        "rss_mb": {"start": samples[0]["rss_mb"] if samples else None, "end": round(end["process_resident_memory_bytes"] / 2**20, 2)},
+        "rss_growth_after_warmup_mb": round(after_warmup[-1] - after_warmup[0], 2),
+        "rss_slope_mb_per_hour": round(rss_slope_mb_per_hour(samples, warmup_until), 2),
+        "encoder_cache_rows_after": end.get("voxrt_encoder_cache_rows", 0),
+        "feature_cache_hit_rate": round(
+            (end.get("voxrt_feature_cache_hits_total", 0) - first.get("voxrt_feature_cache_hits_total", 0))
+            / max(1.0, end.get("voxrt_feature_cache_queries_total", 0) - first.get("voxrt_feature_cache_queries_total", 0)),
+            3,
+        ),
+        "samples": samples,
+    }
+
+
+def verdict(report: dict, args: argparse.Namespace) -> list[str]:
+    failures = []
+    if report["errors"]:
+        failures.append(f"errors: {report['errors']}")
+    p95 = report["latency_s"]["p95"]
+    if p95 is not None and p95 > args.max_p95_latency:
+        failures.append(f"p95 delta latency {p95:.2f} s > {args.max_p95_latency} s")
+    if report["encoder_cache_rows_after"] != 0:
+        failures.append(f"{report['encoder_cache_rows_after']:.0f} encoder-cache rows still referenced after all sessions ended")
+    if report["rss_growth_after_warmup_mb"] > args.max_rss_growth:
+        failures.append(f"RSS grew {report['rss_growth_after_warmup_mb']:.0f} MB after warm-up > {args.max_rss_growth} MB")
+    if report["utterances"] == 0:
+        failures.append("no utterance completed")
+    return failures
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s["t"] / 60 for s in report["samples"]]
+    fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    axes[0].plot(t, [s["rss_mb"] for s in report["samples"]])
+    axes[0].set_ylabel("server RSS (MB)")
+    axes[1].plot(t, [s["encoder_cache_rows"] for s in report["samples"]])
+    axes[1].set_ylabel("encoder-cache rows")
+    axes[2].plot(t, [s["p95_latency_s"] if s["p95_latency_s"] is not None else np.nan for s in report["samples"]])
+    axes[2].set_ylabel("p95 delta latency (s)")
+    axes[2].set_xlabel("minutes")
+    status = "PASS" if not report["failures"] else "FAIL: " + "; ".join(report["failures"])
+    fig.suptitle(f"voxrt soak: {report['sessions']} sessions{' with churn' if report['churn'] else ''} — {status}"[:120])
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.sessions < 1 or args.duration <= 0 or args.speed <= 0:
+        print("voxrt soak: --sessions, --duration and --speed must be positive", file=sys.stderr)
+        return 2
+    try:
+        report = asyncio.run(soak(args))
+    except (OSError, ValueError) as exc:
+        print(f"voxrt soak: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 3
+    report["failures"] = verdict(report, args)
+    summary = {k: v for k, v in report.items() if k != "samples"}
+    print(json.dumps(summary))
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot(report, args.plot)
+    for failure in report["failures"]:
+        print(f"voxrt soak: FAIL: {failure}", file=sys.stderr)
+    return 1 if report["failures"] else 0

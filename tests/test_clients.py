@@ -1,0 +1,131 @@
+"""The clients as subprocesses against a real server on an ephemeral port."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from realtime.engine import EngineConfig
+from realtime.server import ServerConfig
+from tests.conftest import ROOT, SAMPLES, word_error_rate
+from tests.server_harness import ServerThread
+from voxtral.whisper_runner import WhisperRunner
+
+WELCOME = str(SAMPLES / "welcome.wav")
+
+
+def voxrt(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "realtime.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def server(whisper_model):
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), EngineConfig(max_session_seconds=30))
+    yield harness
+    harness.stop()
+
+
+@pytest.mark.slow
+def test_stream_prints_the_transcript_and_json_events(server, welcome):
+    _, text = welcome
+    result = voxrt("stream", WELCOME, "--url", server.url, "--speed", "4")
+    assert result.returncode == 0, result.stderr
+    assert word_error_rate(text, result.stdout.strip().splitlines()[-1]) <= 0.1, result.stdout
+    result = voxrt("stream", WELCOME, "--url", server.url, "--speed", "0", "--json")
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert result.returncode == 0 and events[-1]["type"] == "transcription.done"
+    assert {e["type"] for e in events} <= {"transcription.delta", "transcription.done"}
+
+
+def test_stream_exit_codes(server, tmp_path):
+    bad = tmp_path / "not-audio.wav"
+    bad.write_text("this is not audio")
+    unreadable = voxrt("stream", str(bad), "--url", server.url)
+    assert unreadable.returncode == 2 and "cannot read" in unreadable.stderr
+    assert len(unreadable.stderr.strip().splitlines()) == 1
+    missing = voxrt("stream", str(tmp_path / "missing.wav"), "--url", server.url)
+    assert missing.returncode == 2
+    refused = voxrt("stream", WELCOME, "--url", "ws://127.0.0.1:9/v1/realtime")
+    assert refused.returncode == 3 and "cannot connect" in refused.stderr
+    usage = voxrt("stream", WELCOME, "--chunk-ms", "0")
+    assert usage.returncode == 2
+
+
+@pytest.mark.slow
+def test_stream_exits_1_on_a_server_error(server, tmp_path):
+    import numpy as np
+    import soundfile
+
+    long_file = tmp_path / "long.wav"
+    soundfile.write(long_file, np.zeros(16000 * 32, np.float32), 16000)  # past the 30 s limit
+    result = voxrt("stream", str(long_file), "--url", server.url, "--speed", "0")
+    assert result.returncode == 1 and "session_too_long" in result.stderr
+
+
+@pytest.mark.slow
+def test_mic_with_input_file_stops_cleanly_on_sigint(server, welcome):
+    _, text = welcome
+    process = subprocess.Popen(
+        [sys.executable, "-m", "realtime.cli", "mic", "--input-file", WELCOME, "--url", server.url],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(9)  # startup, then a few seconds of "microphone"
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    final = out.strip().splitlines()[-1]
+    assert "morning" in final.lower() and word_error_rate(text, final) < 1.0, out
+    assert "Traceback" not in err
+
+
+def test_mic_without_portaudio_gives_a_hint(monkeypatch, capsys):
+    import builtins
+
+    from clients import mic
+
+    real_import = builtins.__import__
+
+    def no_portaudio(name, *args, **kwargs):
+        if name == "sounddevice":
+            raise OSError("PortAudio library not found")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_portaudio)
+    assert mic.main_for_test(["--list-devices"]) == 2
+    assert "libportaudio2" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_soak_passes_on_a_healthy_server(server, tmp_path):
+    report, plot = tmp_path / "report.json", tmp_path / "soak.png"
+    result = voxrt(
+        "soak", "--url", server.url, "--sessions", "3", "--duration", "24s", "--speed", "3", "--churn",
+        "--sample-seconds", "2", "--report", str(report), "--plot", str(plot),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(report.read_text())
+    assert data["utterances"] >= 3 and data["errors"] == {} and data["encoder_cache_rows_after"] == 0
+    assert data["latency_s"]["p95"] is not None and data["rss_mb"]["end"] > 0
+    assert plot.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_soak_catches_a_leaking_server(whisper_model, tmp_path):
+    leaky = ServerThread(WhisperRunner(whisper_model), ServerConfig(), leak_on_free=True)
+    try:
+        result = voxrt(
+            "soak", "--url", leaky.url, "--sessions", "2", "--duration", "16s", "--speed", "3", "--churn",
+            "--sample-seconds", "2",
+        )
+    finally:
+        leaky.stop()
+    assert result.returncode == 1
+    assert "encoder-cache rows still referenced" in result.stderr
