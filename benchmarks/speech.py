@@ -20,7 +20,9 @@ SENTENCES = [
 ]
 
 
-def speech_with_word_ends(voice: str = "en-us", rate: int = 150, pause: float = 0.8) -> tuple[np.ndarray, list[str], list[float]]:
+def speech_with_word_ends(
+    voice: str = "en-us", rate: int = 150, pause: float = 0.8
+) -> tuple[np.ndarray, list[str], list[float]]:
     """Audio, its words, and each word's end in seconds.
 
     Sentences are synthesized one by one, so their bounds are exact; inside a sentence
@@ -56,6 +58,7 @@ def match_commits(words: list[str], ends: list[float], commits: list[tuple[float
     reference word with the same letters within a few words (so one misheard word does not
     derail the rest); unmatched words are skipped.
     """
+
     def norm(w: str) -> str:
         return "".join(c for c in w.lower() if c.isalnum())
 

@@ -83,8 +83,15 @@ def run_baseline(model: WhisperModel, n: int, base, words, ends) -> dict:
     for i in range(n):
         audio, word_ends = session_audio(base, ends, i)
         sessions.append(
-            {"audio": audio, "ends": word_ends, "start": 0, "decoded": 0, "commits": [], "done_at": None,
-             "agreement": LocalAgreement(holdback_seconds=policy.holdback_seconds)}
+            {
+                "audio": audio,
+                "ends": word_ends,
+                "start": 0,
+                "decoded": 0,
+                "commits": [],
+                "done_at": None,
+                "agreement": LocalAgreement(holdback_seconds=policy.holdback_seconds),
+            }
         )
     busy = 0.0
     t0 = time.monotonic()
@@ -113,7 +120,9 @@ def run_baseline(model: WhisperModel, n: int, base, words, ends) -> dict:
             force = seconds > policy.max_window_seconds
             commit = s["agreement"].update(hyp, final, force, seconds > policy.trim_after_seconds, seconds)
             if commit.clear:
-                s["start"] = available if hyp is not None or final else max(s["start"], available - SAMPLE_RATE)
+                s["start"] = (
+                    available if hyp is not None or final else max(s["start"], available - SAMPLE_RATE)
+                )
             elif commit.trim_seconds > 0:
                 s["start"] += int(commit.trim_seconds * SAMPLE_RATE)
             s["decoded"] = available

@@ -60,9 +60,7 @@ def scrape(http_base: str) -> dict[str, float]:
 
 def histogram_quantile(before: dict[str, float], after: dict[str, float], q: float) -> float | None:
     """Prometheus-style quantile of the delta-latency observations made between two scrapes."""
-    buckets = sorted(
-        (float(k[3:]), after[k] - before.get(k, 0.0)) for k in after if k.startswith("le=")
-    )
+    buckets = sorted((float(k[3:]), after[k] - before.get(k, 0.0)) for k in after if k.startswith("le="))
     if not buckets or buckets[-1][1] <= 0:
         return None
     rank, previous_bound, previous_count = q * buckets[-1][1], 0.0, 0.0
@@ -85,7 +83,9 @@ class SoakState:
     final_latencies: list[float] = field(default_factory=list)
 
 
-async def worker(i: int, args: argparse.Namespace, audios: list[np.ndarray], deadline: float, state: SoakState):
+async def worker(
+    i: int, args: argparse.Namespace, audios: list[np.ndarray], deadline: float, state: SoakState
+):
     turn = i  # sessions start on different files
     while time.monotonic() < deadline:
         try:
@@ -94,12 +94,16 @@ async def worker(i: int, args: argparse.Namespace, audios: list[np.ndarray], dea
                     if args.churn:
                         samples = audios[turn % len(audios)]
                     else:  # one long session: the files back to back until the deadline
-                        reps = max(1, int((deadline - time.monotonic()) * args.speed / (len(audios[0]) / 16000)) + 1)
+                        reps = max(
+                            1, int((deadline - time.monotonic()) * args.speed / (len(audios[0]) / 16000)) + 1
+                        )
                         samples = np.concatenate([audios[(turn + k) % len(audios)] for k in range(reps)])
                     turn += 1
                     sent_at = time.monotonic()
                     result = await stream_utterance(connection, samples, 100, args.speed)
-                    state.final_latencies.append(time.monotonic() - sent_at - len(samples) / 16000 / args.speed)
+                    state.final_latencies.append(
+                        time.monotonic() - sent_at - len(samples) / 16000 / args.speed
+                    )
                     state.utterances += 1
                     state.audio_seconds += len(samples) / 16000
                     state.deltas += len(result.deltas)
@@ -153,7 +157,9 @@ async def soak(args: argparse.Namespace) -> dict:
         previous = now
         if bar is not None:
             bar.n = min(int(t), int(args.duration))
-            bar.set_postfix(sessions=int(now.get("voxrt_sessions_active", 0)), errors=sum(state.errors.values()))
+            bar.set_postfix(
+                sessions=int(now.get("voxrt_sessions_active", 0)), errors=sum(state.errors.values())
+            )
             bar.refresh()
     await asyncio.gather(*workers)
     if bar is not None:
@@ -176,18 +182,27 @@ async def soak(args: argparse.Namespace) -> dict:
         "utterances": state.utterances,
         "audio_seconds": round(state.audio_seconds, 1),
         "deltas": state.deltas,
-        "latency_s": {f"p{int(q * 100)}": (round(v, 3) if v is not None else None) for q, v in quantiles.items()},
+        "latency_s": {
+            f"p{int(q * 100)}": (round(v, 3) if v is not None else None) for q, v in quantiles.items()
+        },
         "final_latency_s_p95": round(float(np.percentile(state.final_latencies, 95)), 3)
         if state.final_latencies
         else None,
         "errors": dict(state.errors),
-        "rss_mb": {"start": samples[0]["rss_mb"] if samples else None, "end": round(end["process_resident_memory_bytes"] / 2**20, 2)},
+        "rss_mb": {
+            "start": samples[0]["rss_mb"] if samples else None,
+            "end": round(end["process_resident_memory_bytes"] / 2**20, 2),
+        },
         "rss_growth_after_warmup_mb": round(after_warmup[-1] - after_warmup[0], 2),
         "rss_slope_mb_per_hour": round(rss_slope_mb_per_hour(samples, warmup_until), 2),
         "encoder_cache_rows_after": end.get("voxrt_encoder_cache_rows", 0),
         "feature_cache_hit_rate": round(
             (end.get("voxrt_feature_cache_hits_total", 0) - first.get("voxrt_feature_cache_hits_total", 0))
-            / max(1.0, end.get("voxrt_feature_cache_queries_total", 0) - first.get("voxrt_feature_cache_queries_total", 0)),
+            / max(
+                1.0,
+                end.get("voxrt_feature_cache_queries_total", 0)
+                - first.get("voxrt_feature_cache_queries_total", 0),
+            ),
             3,
         ),
         "samples": samples,
@@ -202,9 +217,13 @@ def verdict(report: dict, args: argparse.Namespace) -> list[str]:
     if p95 is not None and p95 > args.max_p95_latency:
         failures.append(f"p95 delta latency {p95:.2f} s > {args.max_p95_latency} s")
     if report["encoder_cache_rows_after"] != 0:
-        failures.append(f"{report['encoder_cache_rows_after']:.0f} encoder-cache rows still referenced after all sessions ended")
+        failures.append(
+            f"{report['encoder_cache_rows_after']:.0f} encoder-cache rows still referenced after all sessions ended"
+        )
     if report["rss_growth_after_warmup_mb"] > args.max_rss_growth:
-        failures.append(f"RSS grew {report['rss_growth_after_warmup_mb']:.0f} MB after warm-up > {args.max_rss_growth} MB")
+        failures.append(
+            f"RSS grew {report['rss_growth_after_warmup_mb']:.0f} MB after warm-up > {args.max_rss_growth} MB"
+        )
     if report["utterances"] == 0:
         failures.append("no utterance completed")
     return failures
@@ -222,11 +241,17 @@ def plot(report: dict, path: str) -> None:
     axes[0].set_ylabel("server RSS (MB)")
     axes[1].plot(t, [s["encoder_cache_rows"] for s in report["samples"]])
     axes[1].set_ylabel("encoder-cache rows")
-    axes[2].plot(t, [s["p95_latency_s"] if s["p95_latency_s"] is not None else np.nan for s in report["samples"]])
+    axes[2].plot(
+        t, [s["p95_latency_s"] if s["p95_latency_s"] is not None else np.nan for s in report["samples"]]
+    )
     axes[2].set_ylabel("p95 delta latency (s)")
     axes[2].set_xlabel("minutes")
     status = "PASS" if not report["failures"] else "FAIL: " + "; ".join(report["failures"])
-    fig.suptitle(f"voxrt soak: {report['sessions']} sessions{' with churn' if report['churn'] else ''} — {status}"[:120])
+    fig.suptitle(
+        f"voxrt soak: {report['sessions']} sessions{' with churn' if report['churn'] else ''} — {status}"[
+            :120
+        ]
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -19,7 +19,11 @@ WELCOME = str(SAMPLES / "welcome.wav")
 
 def voxrt(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "realtime.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "realtime.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -107,8 +111,22 @@ def test_mic_without_portaudio_gives_a_hint(monkeypatch, capsys):
 def test_soak_passes_on_a_healthy_server(server, tmp_path):
     report, plot = tmp_path / "report.json", tmp_path / "soak.png"
     result = voxrt(
-        "soak", "--url", server.url, "--sessions", "3", "--duration", "24s", "--speed", "3", "--churn",
-        "--sample-seconds", "2", "--report", str(report), "--plot", str(plot),
+        "soak",
+        "--url",
+        server.url,
+        "--sessions",
+        "3",
+        "--duration",
+        "24s",
+        "--speed",
+        "3",
+        "--churn",
+        "--sample-seconds",
+        "2",
+        "--report",
+        str(report),
+        "--plot",
+        str(plot),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads(report.read_text())
@@ -122,8 +140,18 @@ def test_soak_catches_a_leaking_server(whisper_model, tmp_path):
     leaky = ServerThread(WhisperRunner(whisper_model), ServerConfig(), leak_on_free=True)
     try:
         result = voxrt(
-            "soak", "--url", leaky.url, "--sessions", "2", "--duration", "16s", "--speed", "3", "--churn",
-            "--sample-seconds", "2",
+            "soak",
+            "--url",
+            leaky.url,
+            "--sessions",
+            "2",
+            "--duration",
+            "16s",
+            "--speed",
+            "3",
+            "--churn",
+            "--sample-seconds",
+            "2",
         )
     finally:
         leaky.stop()

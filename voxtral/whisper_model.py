@@ -181,7 +181,9 @@ class WhisperModel:
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
             positions = positions[:, -1:] + 1
         return [
-            Hypothesis(tokens, self.segments(tokens), no_speech_prob[row], sum_logprob[row] / (num_new[row] + 1))
+            Hypothesis(
+                tokens, self.segments(tokens), no_speech_prob[row], sum_logprob[row] / (num_new[row] + 1)
+            )
             for row, tokens in enumerate(generated)
         ]
 
@@ -198,7 +200,9 @@ class WhisperModel:
             after_timestamp = False
         return starts
 
-    def window_prefix(self, tokens: list[int], skip_words: int, keep_words: int, shift_seconds: float) -> list[int]:
+    def window_prefix(
+        self, tokens: list[int], skip_words: int, keep_words: int, shift_seconds: float
+    ) -> list[int]:
         """The tokens of words `[skip, skip + keep)` of a hypothesis, to force on the next decode.
 
         They start with the timestamp that opened their segment; when the window moved

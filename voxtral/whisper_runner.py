@@ -28,8 +28,8 @@ class WhisperPolicy:
     max_window_seconds: float = 24.0  # past this, commit what is there and move on
     # Committed segments stay in the window until it is this long: context makes
     # Whisper more accurate, and the encoder pads short windows anyway.
-    trim_after_seconds: float = 15.0
-    holdback_seconds: float = 0.5
+    trim_after_seconds: float = 12.0
+    holdback_seconds: float = 0.3
     min_encoder_seconds: float = 10.0  # shorter windows are padded to this
     encoder_bucket_seconds: float = 5.0
     silence_db: float = -45.0  # a window whose loudest frame is below this is silence
