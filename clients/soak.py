@@ -218,7 +218,8 @@ def verdict(report: dict, args: argparse.Namespace) -> list[str]:
         failures.append(f"p95 delta latency {p95:.2f} s > {args.max_p95_latency} s")
     if report["encoder_cache_rows_after"] != 0:
         failures.append(
-            f"{report['encoder_cache_rows_after']:.0f} encoder-cache rows still referenced after all sessions ended"
+            f"{report['encoder_cache_rows_after']:.0f} encoder-cache rows still referenced "
+            "after all sessions ended"
         )
     if report["rss_growth_after_warmup_mb"] > args.max_rss_growth:
         failures.append(
