@@ -99,6 +99,23 @@ class EncoderCacheManager:
         for input_id in list(self.get_cached_input_ids(request)):
             self.free_encoder_input(request, input_id)
 
+    def discard(self, mm_hash: str) -> None:
+        """Forget an entry whose encoder output was never produced (its step failed)."""
+        refs = self.refs.pop(mm_hash, None)
+        if refs is None:
+            return
+        for request_id, input_id in refs:
+            ids = self.input_ids_by_request.get(request_id)
+            if ids is not None:
+                ids.discard(input_id)
+                if not ids:
+                    del self.input_ids_by_request[request_id]
+        rows = self.num_rows.pop(mm_hash)
+        if self.freeable.pop(mm_hash, None) is None:
+            self.num_freeable_rows += rows  # it was referenced: not yet counted as freeable
+        self.num_free_rows += rows
+        self.freed.append(mm_hash)
+
     def get_freed_mm_hashes(self) -> list[str]:
         """Hashes evicted since the last call, so the runner can drop their tensors."""
         freed, self.freed = self.freed, []

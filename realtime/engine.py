@@ -147,8 +147,8 @@ class Engine:
     def _run(self) -> None:
         while not self._stop.is_set():
             busy = any(s.stream.request.num_pending > 0 for s in self.sessions.values())
-            self._drain_commands(block=not busy)
             try:
+                self._drain_commands(block=not busy)
                 self.step()
             except Exception:
                 log.exception("engine.step_failed")
@@ -244,9 +244,14 @@ class Engine:
         if not out.scheduled:
             return
         started = time.perf_counter()
-        result = self.runner.execute(
-            out, {s.request.request_id: self.sessions[s.request.request_id].stream for s in out.scheduled}
-        )
+        streams = {s.request.request_id: self.sessions[s.request.request_id].stream for s in out.scheduled}
+        try:
+            result = self.runner.execute(out, streams)
+        except Exception:
+            # Outputs this step should have produced do not exist: no later hit may find them.
+            for request, input_id in out.encoder_inputs:
+                self.scheduler.encoder_cache.discard(request.items[input_id].mm_hash)
+            raise
         elapsed = time.perf_counter() - started
         self.num_steps += 1
         for session_id, num_tokens in result.num_tokens.items():

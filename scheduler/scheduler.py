@@ -64,7 +64,6 @@ class Scheduler:
         self.config = config
         self.encoder_cache = EncoderCacheManager(config.encoder_cache_rows)
         self.requests: dict[str, Request] = {}
-        self.step_limit: dict[str, int] = {}
         self._cursor = 0
 
     def add_request(self, request: Request) -> None:
@@ -72,13 +71,9 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} already scheduled")
         self.requests[request.request_id] = request
 
-    def set_step_limit(self, request_id: str, max_positions: int) -> None:
-        self.step_limit[request_id] = max_positions
-
     def finish_request(self, request_id: str, status: RequestStatus) -> None:
         """Remove the session and drop every encoder-cache reference it held."""
         request = self.requests.pop(request_id, None)
-        self.step_limit.pop(request_id, None)
         if request is None:
             return
         request.status = status
@@ -105,7 +100,7 @@ class Scheduler:
             if request.num_pending <= 0:
                 continue
             start = request.num_computed
-            limit = self.step_limit.get(request.request_id, self.config.max_positions_per_request)
+            limit = self.config.max_positions_per_request
             end = min(request.num_available, start + positions_left, start + limit)
             end, inputs = self._schedule_encoder_inputs(request, start, end, encoder_left)
             if end < request.num_available and end < start + limit and positions_left > end - start:

@@ -81,7 +81,12 @@ def test_mic_with_input_file_stops_cleanly_on_sigint(server, welcome):
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(9)  # startup, then a few seconds of "microphone"
+    # Ctrl-C once the client is streaming: its first delta has reached the server's counters.
+    before = server.metrics().get("voxrt_deltas_total", 0)
+    deadline = time.monotonic() + 60
+    while server.metrics().get("voxrt_deltas_total", 0) <= before and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err

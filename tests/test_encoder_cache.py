@@ -141,3 +141,17 @@ def test_eviction_is_least_recently_freed_and_reported():
     assert cache.get_freed_mm_hashes() == ["y"]
     assert cache.get_freed_mm_hashes() == []
     assert not cache.can_allocate(b, 0, encoder_budget=3, num_rows_to_schedule=0)
+
+
+def test_discard_forgets_a_referenced_or_freeable_entry():
+    cache = EncoderCacheManager(8)
+    a = _request("a", ["x", "y"])
+    cache.allocate(a, 0)
+    cache.allocate(a, 1)
+    cache.free_encoder_input(a, 1)
+    cache.discard("x")
+    cache.discard("y")
+    cache.discard("never-seen")
+    assert cache.refs == {} and cache.input_ids_by_request == {} and not cache.freeable
+    assert cache.num_free_rows == cache.num_freeable_rows == 8
+    assert cache.get_freed_mm_hashes() == ["x", "y"]
