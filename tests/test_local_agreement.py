@@ -1,3 +1,6 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
 from voxtral.local_agreement import LocalAgreement
 from voxtral.whisper_model import Hypothesis, Segment
 
@@ -56,3 +59,23 @@ def test_a_corrected_last_word_is_not_repeated():
     agreement = LocalAgreement(window_words=["walk", "their", "nogs."], pending=["The", "children"])
     commit = agreement.update(hyp((0, None, " walk their dogs. The children played")), False, False)
     assert commit.text == "The children"
+
+
+@given(
+    st.lists(
+        st.sampled_from(["the", "a", "sun", "came", "out", "dogs", "park", "we"]), min_size=1, max_size=30
+    ),
+    st.lists(st.integers(0, 4), min_size=1, max_size=20),
+)
+def test_a_steady_model_gets_every_word_committed_once(words, growth):
+    """Hypotheses that only ever grow (a model that never changes its mind) lose and repeat nothing."""
+    agreement = LocalAgreement()
+    committed: list[str] = []
+    heard = 0
+    for step in growth:
+        heard = min(len(words), heard + step)
+        commit = agreement.update(hyp((0, None, " " + " ".join(words[:heard]))), False, False)
+        committed += commit.text.split()
+    commit = agreement.update(hyp((0, None, " " + " ".join(words))), True, False)
+    committed += commit.text.split()
+    assert committed == words

@@ -39,3 +39,19 @@ def test_batched_decoding_with_prompts_is_batch_invariant(whisper_model, welcome
     for a, b in zip(together, alone, strict=True):
         assert a.token_ids == b.token_ids
         assert abs(a.avg_logprob - b.avg_logprob) < 1e-3
+
+
+def test_window_prefix_cuts_at_words_and_shifts_timestamps(whisper_model):
+    def ts(seconds: float) -> int:
+        return whisper_model.timestamp_begin + round(seconds / 0.02)
+
+    good, today = whisper_model.encode_prompt(" Good morning."), whisper_model.encode_prompt(" Today we")
+    tokens = [ts(0.0), *good, ts(2.0), ts(2.0), *today, ts(4.0)]
+    words = [w for s in whisper_model.segments(tokens) for w in s.text.split()]
+    assert words == ["Good", "morning.", "Today", "we"]
+    assert whisper_model.window_prefix(tokens, 0, 0, 0.0) == []
+    assert whisper_model.window_prefix(tokens, 0, 2, 0.0) == [ts(0.0), *good, ts(2.0), ts(2.0)]
+    # The window moved past the first segment: the rest starts at its own timestamp, moved back.
+    first_word_of_today = today[: len(whisper_model.encode_prompt(" Today"))]
+    assert whisper_model.window_prefix(tokens, 2, 1, 2.0) == [ts(0.0), *first_word_of_today]
+    assert whisper_model.window_prefix(tokens, 2, 2, 2.0) == [ts(0.0), *today, ts(2.0)]
