@@ -14,11 +14,14 @@ class EncoderCacheManager:
 
     An entry is referenced by `(request_id, input_id)` pairs, so one request that holds
     the same hash twice keeps it until both are freed. Unreferenced entries stay resident
-    and are evicted least-recently-freed first, only when room is needed.
+    and are evicted least-recently-freed first, only when room is needed, unless
+    `keep_unreferenced` is off: a family whose outputs depend on the session's history
+    can never reuse them, so they go as soon as the last reference does.
     """
 
-    def __init__(self, capacity_rows: int) -> None:
+    def __init__(self, capacity_rows: int, keep_unreferenced: bool = True) -> None:
         self.capacity_rows = capacity_rows
+        self.keep_unreferenced = keep_unreferenced
         self.num_free_rows = capacity_rows
         self.num_freeable_rows = capacity_rows
         self.num_rows: dict[str, int] = {}
@@ -89,10 +92,17 @@ class EncoderCacheManager:
         if refs is None:
             return
         refs.discard((request.request_id, input_id))
-        if not refs and mm_hash not in self.freeable:
-            rows = self.num_rows[mm_hash]
+        if refs or mm_hash in self.freeable:
+            return
+        rows = self.num_rows[mm_hash]
+        self.num_freeable_rows += rows
+        if self.keep_unreferenced:
             self.freeable[mm_hash] = rows
-            self.num_freeable_rows += rows
+        else:
+            del self.refs[mm_hash]
+            del self.num_rows[mm_hash]
+            self.num_free_rows += rows
+            self.freed.append(mm_hash)
 
     def free(self, request: Request) -> None:
         """Drop every reference the request holds; its entries become evictable."""

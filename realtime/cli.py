@@ -15,7 +15,9 @@ SAMPLE = Path(__file__).resolve().parent.parent / "clients" / "samples" / "welco
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default=None, help="checkpoint directory; default: embedded whisper-tiny.en"
+        "--model",
+        default=None,
+        help="checkpoint directory or Hugging Face id in the local cache; default: embedded whisper-tiny.en",
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
@@ -45,7 +47,7 @@ def build_server(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, args.device, args.dtype)
+    loaded = load_model(args.model, args.device, args.dtype, args.max_sessions)
     engine_config = EngineConfig(max_sessions=args.max_sessions, max_session_seconds=args.max_session_seconds)
     engine = Engine(loaded.runner, engine_config, leak_on_free=args.test_leak)
     server_config = ServerConfig(

@@ -26,6 +26,7 @@ class _EngineCollector:
             ),
             "voxrt_encoder_cache_capacity_rows": ("encoder-cache capacity", stats.encoder_cache_capacity),
             "voxrt_feature_cache_bytes": ("feature-cache bytes held", stats.feature_cache_bytes),
+            "voxrt_kv_slots_used": ("sessions holding per-session KV state", stats.kv_slots_used),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)

@@ -30,6 +30,9 @@ class Request:
     status: RequestStatus = RequestStatus.RUNNING
     output_token_ids: list[int] = field(default_factory=list)
     num_placeholders: int = 0
+    # Positions whose decoder inputs are known up front (a prompt): any number may run in
+    # one step. Past them, `SchedulerConfig.max_positions_per_request` applies.
+    num_prompt: int = 0
     # Positions from here on keep their encoder outputs referenced even once computed
     # (a family that re-reads a window of past audio); None: only uncomputed positions.
     retain_from: int | None = None
@@ -72,3 +75,8 @@ class Request:
         start = self.first_placeholder_index()
         self.output_token_ids[start : start + len(sampled_ids)] = sampled_ids
         self.num_placeholders -= len(sampled_ids)
+
+    def drop_placeholders(self) -> None:
+        """The request ended with steps in flight: their tokens will never be taken."""
+        del self.output_token_ids[self.first_placeholder_index() :]
+        self.num_placeholders = 0

@@ -16,6 +16,7 @@ class ScheduledRequest:
     end: int
     item_lo: int
     item_hi: int
+    final: bool = False  # the session's last positions: its input is finished and all computed
 
     @property
     def num_positions(self) -> int:
@@ -47,6 +48,9 @@ class SchedulerConfig:
     # The most positions one session may take in a step; families whose decoder feeds
     # back its own tokens compute one position at a time once their prompt is in.
     max_positions_per_request: int = 1 << 30
+    # False for encoders whose outputs depend on the session's history: no other input
+    # can ever hit them, so they leave the cache with their last reference.
+    keep_unreferenced_encoder_outputs: bool = True
 
 
 class Scheduler:
@@ -62,7 +66,9 @@ class Scheduler:
         if config.encoder_cache_rows < config.max_encoder_rows_per_step:
             raise ValueError("encoder_cache_rows must hold at least one step's encoder budget")
         self.config = config
-        self.encoder_cache = EncoderCacheManager(config.encoder_cache_rows)
+        self.encoder_cache = EncoderCacheManager(
+            config.encoder_cache_rows, config.keep_unreferenced_encoder_outputs
+        )
         self.requests: dict[str, Request] = {}
         self._cursor = 0
 
@@ -100,7 +106,13 @@ class Scheduler:
             if request.num_pending <= 0:
                 continue
             start = request.num_computed
-            limit = self.config.max_positions_per_request
+            # A prompt may run whole, but never together with the positions after it: those
+            # feed back the token its last position samples.
+            limit = (
+                request.num_prompt - start
+                if start < request.num_prompt
+                else self.config.max_positions_per_request
+            )
             end = min(request.num_available, start + positions_left, start + limit)
             end, inputs = self._schedule_encoder_inputs(request, start, end, encoder_left)
             if end < request.num_available and end < start + limit and positions_left > end - start:
@@ -112,7 +124,8 @@ class Scheduler:
                     first_blocked = index
                 continue
             lo, hi = get_items_in_window(request.items, start, end)
-            out.scheduled.append(ScheduledRequest(request, start, end, lo, hi))
+            final = request.input_finished and end == request.num_available
+            out.scheduled.append(ScheduledRequest(request, start, end, lo, hi, final))
             out.encoder_inputs.extend((request, i) for i in inputs)
             encoder_left = max(0, encoder_left - sum(request.items[i].num_embeds for i in inputs))
             positions_left -= end - start

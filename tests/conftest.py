@@ -66,3 +66,13 @@ def whisper_runner(whisper_model):
     from voxtral.whisper_runner import WhisperRunner
 
     return WhisperRunner(whisper_model)
+
+
+@pytest.fixture(scope="session")
+def voxtral_dirs(tmp_path_factory):
+    """The tiny random Voxtral Realtime checkpoints of `voxtral_harness.SPECS`, built once."""
+    from tests.voxtral_harness import SPECS
+    from voxtral.tiny_voxtral import build_tiny_voxtral
+
+    root = tmp_path_factory.mktemp("voxtral")
+    return {name: build_tiny_voxtral(root / name, spec) for name, spec in SPECS.items()}

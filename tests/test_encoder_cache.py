@@ -11,9 +11,9 @@ ROWS = {h: 1 + i for i, h in enumerate(HASHES)}  # one hash always has one size
 class EncoderCacheMachine(RuleBasedStateMachine):
     """Random allocate/ref/free sequences against a plain model of who references what."""
 
-    @initialize(capacity=st.integers(6, 24))
-    def setup(self, capacity):
-        self.cache = EncoderCacheManager(capacity)
+    @initialize(capacity=st.integers(6, 24), keep=st.booleans())
+    def setup(self, capacity, keep):
+        self.cache = EncoderCacheManager(capacity, keep_unreferenced=keep)
         self.requests: dict[str, Request] = {}
         self.model_refs: dict[str, set[tuple[str, int]]] = {}
         self.counter = 0
@@ -65,6 +65,8 @@ class EncoderCacheMachine(RuleBasedStateMachine):
         assert self.cache.num_free_rows >= 0
         freeable = sum(self.cache.freeable.values())
         assert self.cache.num_freeable_rows == self.cache.num_free_rows + freeable
+        if not self.cache.keep_unreferenced:
+            assert freeable == 0, "an unreferenced entry stayed resident"
 
     @invariant()
     def refs_match_model(self):

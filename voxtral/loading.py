@@ -8,6 +8,8 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from voxtral.runner import ModelRunner
+from voxtral.voxtral_model import VoxtralModel, local_checkpoint
+from voxtral.voxtral_runner import VoxtralRunner
 from voxtral.whisper_model import WhisperModel
 from voxtral.whisper_runner import WhisperRunner
 from voxtral.whisper_weights import WeightsError, default_whisper_dir
@@ -44,7 +46,9 @@ def _model_type(path: Path) -> str:
         raise WeightsError(f"malformed file {config}: {exc}") from exc
 
 
-def load_model(model: str | None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+def load_model(
+    model: str | None, device: str | None = None, dtype: str | None = None, max_sessions: int = 64
+) -> LoadedModel:
     hf_logging.disable_progress_bar()  # a progress bar is noise in JSON logs
     chosen = pick_device(device)
     if model in (None, DEFAULT_MODEL):
@@ -52,11 +56,13 @@ def load_model(model: str | None, device: str | None = None, dtype: str | None =
         torch_dtype = pick_dtype(dtype, chosen) if chosen.type == "cuda" else torch.float32
         runner = WhisperRunner(WhisperModel(default_whisper_dir(), chosen, torch_dtype))
         return LoadedModel(runner, DEFAULT_MODEL, {DEFAULT_MODEL, "whisper"})
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        raise WeightsError(f"model {model!r} is neither {DEFAULT_MODEL!r} nor a local checkpoint directory")
+    path = local_checkpoint(model)
     kind = _model_type(path)
+    names = {str(path), path.name, model}
     if kind == "whisper":
         runner = WhisperRunner(WhisperModel(path, chosen, pick_dtype(dtype, chosen)))
-        return LoadedModel(runner, str(path), {str(path), path.name, model, "whisper"})
-    raise WeightsError(f"{path / 'config.json'}: model_type {kind!r} is not served by voxrt yet")
+        return LoadedModel(runner, model, names | {"whisper"})
+    if kind == "voxtral_realtime":
+        voxtral = VoxtralModel(path, chosen, pick_dtype(dtype, chosen), num_slots=max_sessions)
+        return LoadedModel(VoxtralRunner(voxtral), model, names | {"voxtral"})
+    raise WeightsError(f"{path / 'config.json'}: model_type {kind!r} is not served by voxrt")

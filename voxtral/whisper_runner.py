@@ -1,6 +1,7 @@
 """Whisper streamed: each step re-decodes every scheduled session's uncommitted window, batched."""
 
 import zlib
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 from scheduler import Request, SchedulerConfig, SchedulerOutput, get_items_in_window
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
 from voxtral.local_agreement import LocalAgreement
-from voxtral.runner import StepResult, StreamState
+from voxtral.runner import StepResult, StreamState, run_now
 from voxtral.whisper_model import Hypothesis, Segment, WhisperModel
 
 log = structlog.get_logger(__name__)
@@ -82,6 +83,11 @@ def drop_repetition(segments: list[Segment], max_ratio: float) -> list[Segment]:
 
 class WhisperRunner:
     name = "whisper"
+    leading_silence_samples = 0
+    history_dependent_items = False  # an item's log-mel is its content: shareable
+    # Each step's commits move the window the next step reads: no step runs ahead.
+    max_steps_in_flight = 1
+    num_slots_in_use = 0
 
     def __init__(self, model: WhisperModel, policy: WhisperPolicy | None = None) -> None:
         """Runners may share a model; each engine needs its own runner (its store follows its cache)."""
@@ -101,6 +107,9 @@ class WhisperRunner:
             encoder_cache_rows=max_sessions * window,
         )
 
+    def trailing_silence_samples(self, num_samples: int) -> int:
+        return 0
+
     def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
         return raw_log_mel(samples, left, right, self.model.n_mels)
 
@@ -112,13 +121,16 @@ class WhisperRunner:
     def release(self, stream: StreamState) -> None:
         """Nothing device-side is per-session for Whisper: the window lives in the encoder cache."""
 
+    def submit(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> Future[StepResult]:
+        return run_now(self.execute, out, streams)
+
     def execute(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> StepResult:
         for mm_hash in out.freed_mm_hashes:
             self.store.pop(mm_hash, None)
         for request, input_id in out.encoder_inputs:
             item = request.items[input_id]
             self.store[item.mm_hash] = item.features.to(self.device, non_blocking=True)
-        windows = [self._window(streams[s.request.request_id], s.end) for s in out.scheduled]
+        windows = [self._window(streams[s.request.request_id], s.end, s.final) for s in out.scheduled]
         shortest = self.policy.min_decode_seconds * POSITIONS_PER_SECOND
         windows = [w for w in windows if w.final or w.raw.shape[1] >= shortest]
         result = StepResult()
@@ -129,18 +141,19 @@ class WhisperRunner:
             if hyp is not None:
                 result.num_tokens[window.stream.request.request_id] = len(hyp.token_ids)
             if text:
-                result.deltas[window.stream.request.request_id] = text
+                # Committed words, space-joined to the session's text so far.
+                joined = " " + text if window.stream.text else text.lstrip()
+                result.deltas[window.stream.request.request_id] = joined
             if window.final:
                 result.finished.append(window.stream.request.request_id)
         return result
 
-    def _window(self, stream: StreamState, end: int) -> _Window:
+    def _window(self, stream: StreamState, end: int, final: bool) -> _Window:
         request, state = stream.request, stream.family_state
         lo, hi = get_items_in_window(request.items, state.window_start, end)
         first = request.items[lo].offset
         raw = torch.cat([self.store[request.items[i].mm_hash] for i in range(lo, hi)], dim=1)
         raw = raw[:, state.window_start - first : end - first]
-        final = request.input_finished and end == request.num_available
         return _Window(stream, raw, end, final)
 
     def _loud(self, window: _Window) -> bool:

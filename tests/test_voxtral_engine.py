@@ -1,0 +1,157 @@
+"""The Voxtral family in the engine: freeing on abort, the async event stream, detokenizing,
+features and loading errors."""
+
+import asyncio
+import json
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+from transformers import AutoProcessor
+
+from realtime.engine import Delta, Done
+from tests.voxtral_harness import (
+    Feed,
+    drive,
+    pcm16_grid,
+    pieces,
+    reference_text,
+    reference_tokens,
+    voxtral_engine,
+)
+from voxtral.detokenizer import Detokenizer
+from voxtral.loading import load_model
+from voxtral.voxtral_model import VoxtralModel
+from voxtral.whisper_weights import WeightsError
+
+
+def noise(seconds: float, seed: int = 0) -> np.ndarray:
+    return pcm16_grid(np.random.default_rng(seed).normal(0, 0.1, int(seconds * 16_000)))
+
+
+def assert_nothing_held(engine) -> None:
+    engine.runner.wait_idle()
+    cache = engine.scheduler.encoder_cache
+    assert engine.sessions == {} and engine.scheduler.requests == {}
+    assert cache.refs == {} and cache.input_ids_by_request == {} and cache.num_used_rows == 0
+    assert engine.runner.store == {}
+    assert engine.stats().kv_slots_used == 0
+
+
+def test_abort_mid_stream_frees_everything_and_the_other_session_is_unaffected(voxtral_dirs):
+    path = voxtral_dirs["base"]
+    kept_audio = noise(3.0, seed=1)
+    engine = voxtral_engine(path, max_sessions=2)
+    kept = Feed(pieces(kept_audio, "80ms"))
+    aborted = Feed(pieces(noise(4.0, seed=2), "80ms"))
+    feeds = {"kept": kept, "aborted": aborted}
+    for _ in range(30):  # both sessions well into decoding
+        for session_id, feed in feeds.items():
+            if feed.request is None:
+                engine.add_session(session_id, feed.events.append)
+            else:
+                engine.add_audio(session_id, feed.pieces.pop(0))
+        engine.run_once()
+        for session_id, feed in feeds.items():
+            feed.request = feed.request or engine.scheduler.requests[session_id]
+    assert len(aborted.request.output_token_ids) > 0
+    engine.abort("aborted")
+    del feeds["aborted"]
+    drive(engine, feeds)
+    assert kept.request.output_token_ids == reference_tokens(path, kept_audio)
+    assert all(item.features is None for item in aborted.request.items)
+    assert_nothing_held(engine)
+
+
+def test_events_stream_deltas_then_done_while_the_engine_runs_in_its_thread(voxtral_dirs):
+    path = voxtral_dirs["short_windows"]
+    audio = noise(2.0, seed=3)
+    engine = voxtral_engine(path, max_sessions=1)
+    engine.start()
+
+    async def session() -> list:
+        events = engine.events("s")
+        for piece in pieces(audio, "random", seed=3):
+            engine.add_audio("s", piece)
+            await asyncio.sleep(0.01)
+        engine.finish_input("s")
+        return [event async for event in events]
+
+    try:
+        events = asyncio.run(asyncio.wait_for(session(), timeout=60))
+    finally:
+        engine.stop()
+    expected = reference_text(path, reference_tokens(path, audio))
+    deltas = [e.text for e in events if isinstance(e, Delta)]
+    assert isinstance(events[-1], Done) and len(deltas) >= 3
+    assert "".join(deltas) == events[-1].text == expected
+    assert_nothing_held(engine)
+
+
+@pytest.fixture(scope="module")
+def tekken(voxtral_dirs):
+    return Tekkenizer.from_file(voxtral_dirs["base"] / "tekken.json")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(
+        st.one_of(st.integers(0, 40), st.integers(1000, 1255), st.integers(1256, 131_071)), max_size=40
+    )
+)
+def test_detokenizer_equals_decoding_the_whole_list(tekken, tokens):
+    """Special tokens (dropped, and they split runs) and raw bytes (split UTF-8 characters)."""
+    detokenizer = Detokenizer(tekken)
+    text = "".join(detokenizer.add(t) for t in tokens) + detokenizer.flush()
+    assert text == tekken.decode(tokens)
+
+
+def test_item_features_equal_the_feature_extractor(voxtral_dirs, welcome):
+    path = voxtral_dirs["fast_frames"]
+    model = VoxtralModel(path, *_cpu_float32(), num_slots=1)
+    audio = pcm16_grid(welcome[0][:24_000])
+    expected = AutoProcessor.from_pretrained(path)(audio, return_tensors="pt")["input_features"][0]
+    full = np.concatenate([np.zeros(model.left_pad_samples, np.float32), audio])
+    full = np.concatenate([full, np.zeros(model.right_pad_samples(len(audio)), np.float32)])
+    spp = model.samples_per_position
+    items = [
+        model.features(full[i : i + spp], full[max(0, i - 400) : i], full[i + spp : i + spp + 40])
+        for i in range(0, len(full), spp)
+    ]
+    got = np.concatenate(items, axis=1)
+    assert got.shape == tuple(expected.shape)
+    np.testing.assert_allclose(got, expected.numpy(), atol=1e-5)
+
+
+def _cpu_float32():
+    import torch
+
+    return torch.device("cpu"), torch.float32
+
+
+@pytest.mark.parametrize("missing", ["tekken.json", "model.safetensors", "config.json"])
+def test_a_missing_checkpoint_file_is_named(voxtral_dirs, tmp_path, missing):
+    broken = tmp_path / "ckpt"
+    shutil.copytree(voxtral_dirs["base"], broken)
+    (broken / missing).unlink()
+    with pytest.raises(WeightsError, match=str(broken / missing)):
+        load_model(str(broken), "cpu", max_sessions=1)
+
+
+def test_a_malformed_config_is_named(voxtral_dirs, tmp_path):
+    broken = tmp_path / "ckpt"
+    shutil.copytree(voxtral_dirs["base"], broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["text_config"]["hidden_size"] = "wide"
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match="malformed checkpoint"):
+        load_model(str(broken), "cpu", max_sessions=1)
+
+
+def test_a_hugging_face_id_is_looked_up_in_the_local_cache_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(WeightsError, match="local Hugging Face cache"):
+        load_model("mistralai/Voxtral-Mini-4B-Realtime-2602", "cpu", max_sessions=1)

@@ -1,0 +1,86 @@
+"""Voxtral Realtime through the engine equals transformers' `generate` on the whole recording.
+
+float32 on the CPU, token for token: 3 checkpoints x 3 signals x 3 chunkings, then 8
+sessions batched together with staggered starts, then end-of-stream mid-recording.
+"""
+
+import numpy as np
+import pytest
+
+from tests.voxtral_harness import (
+    SPECS,
+    Feed,
+    drive,
+    pcm16_grid,
+    pieces,
+    reference_text,
+    reference_tokens,
+    voxtral_engine,
+)
+
+SECONDS = 2.5
+
+
+def signal(kind: str, welcome_samples: np.ndarray, seed: int = 0) -> np.ndarray:
+    n = int(SECONDS * 16_000)
+    if kind == "speech":  # espeak-ng speech shipped with the clients (see clients/samples/SOURCE.md)
+        start = 8_000 * seed
+        return pcm16_grid(welcome_samples[start : start + n])
+    if kind == "silence":
+        return np.zeros(n, np.float32)
+    return pcm16_grid(np.random.default_rng(seed).normal(0, 0.1, n))
+
+
+def assert_varied(tokens: list[int]) -> None:
+    """A reference a constant-token model would also match proves nothing."""
+    assert len(tokens) >= 20 and len(set(tokens)) >= 8, f"reference too uniform: {tokens}"
+
+
+@pytest.mark.parametrize("checkpoint", sorted(SPECS))
+@pytest.mark.parametrize("kind", ["speech", "silence", "noise"])
+def test_engine_tokens_equal_generate(voxtral_dirs, welcome, checkpoint, kind):
+    path = voxtral_dirs[checkpoint]
+    audio = signal(kind, welcome[0])
+    expected = reference_tokens(path, audio)
+    assert_varied(expected)
+    engine = voxtral_engine(path, max_sessions=3)
+    feeds = {chunking: Feed(pieces(audio, chunking, seed=7)) for chunking in ("whole", "80ms", "random")}
+    for chunking, feed in feeds.items():
+        drive(engine, {chunking: feed})
+        assert feed.request.output_token_ids == expected, chunking
+        assert feed.text == feed.events[-1].text == reference_text(path, expected), chunking
+
+
+def test_eight_staggered_sessions_get_exactly_their_solo_tokens(voxtral_dirs, welcome):
+    path = voxtral_dirs["base"]
+    kinds = ["speech", "noise", "speech", "silence", "noise", "speech", "noise", "speech"]
+    audios = [signal(kind, welcome[0], seed=i) for i, kind in enumerate(kinds)]
+    chunkings = ["random", "80ms", "whole", "random", "80ms", "random", "whole", "80ms"]
+    engine = voxtral_engine(path, max_sessions=8)
+    solo = {}
+    for i, audio in enumerate(audios):
+        feed = Feed(pieces(audio, "80ms"))
+        drive(engine, {f"solo{i}": feed})
+        solo[i] = feed.request.output_token_ids
+    feeds = {
+        f"s{i}": Feed(pieces(audio, chunkings[i], seed=i), start_step=3 * i) for i, audio in enumerate(audios)
+    }
+    drive(engine, feeds)
+    for i in range(len(audios)):
+        assert feeds[f"s{i}"].request.output_token_ids == solo[i], i
+    assert solo[0] == reference_tokens(path, audios[0])
+
+
+def test_end_of_stream_token_ends_the_session_as_generate_stops(voxtral_dirs, welcome):
+    path = voxtral_dirs["fast_frames"]
+    audio = signal("speech", welcome[0], seed=2)
+    full = reference_tokens(path, audio)
+    eos = full[len(full) // 2]  # pretend a token mid-way is end-of-stream
+    expected = reference_tokens(path, audio, eos_token_id=eos)
+    assert expected[-1] == eos and len(expected) < len(full)
+    engine = voxtral_engine(path, max_sessions=1)
+    engine.runner.model.eos_id = eos
+    feed = Feed(pieces(audio, "80ms"))
+    drive(engine, {"s": feed})
+    assert feed.request.output_token_ids == expected
+    assert feed.events[-1].text == reference_text(path, expected)

@@ -1,0 +1,105 @@
+"""Tiny Voxtral checkpoints, reference transcripts from transformers, and an engine driver."""
+
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoProcessor, VoxtralRealtimeForConditionalGeneration
+
+from realtime.engine import Delta, Done, Engine, EngineConfig, Failed
+from scheduler import Request
+from voxtral.loading import load_model
+from voxtral.tiny_voxtral import TinyVoxtralSpec
+
+# Three checkpoints that differ where the streaming code could go wrong: downsample
+# factor, delay, left padding, sliding windows shorter than the prompt, GQA.
+SPECS = {
+    "base": TinyVoxtralSpec(),
+    "fast_frames": TinyVoxtralSpec(
+        frame_rate=25.0, delay_ms=160, audio_window=8, text_window=12, text_kv_heads=2, seed=1
+    ),
+    "short_windows": TinyVoxtralSpec(
+        delay_ms=80, left_pad_tokens=8, audio_window=5, text_window=6, text_layers=3, seed=2
+    ),
+}
+
+
+def pcm16_grid(samples: np.ndarray) -> np.ndarray:
+    """What survives the wire: the server only ever sees PCM16."""
+    return (np.round(np.clip(samples, -1, 32767 / 32768) * 32768) / 32768).astype(np.float32)
+
+
+@cache
+def _reference_model(path: Path):
+    return VoxtralRealtimeForConditionalGeneration.from_pretrained(path), AutoProcessor.from_pretrained(path)
+
+
+def reference_tokens(path: Path, audio: np.ndarray, eos_token_id: int | None = None) -> list[int]:
+    """transformers' own greedy transcription of the whole recording."""
+    model, processor = _reference_model(path)
+    inputs = processor(audio, return_tensors="pt")
+    kwargs = {} if eos_token_id is None else {"eos_token_id": eos_token_id}
+    with torch.no_grad():
+        out = model.generate(**inputs, do_sample=False, **kwargs)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def reference_text(path: Path, tokens: list[int]) -> str:
+    return _reference_model(path)[1].tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@dataclass
+class Feed:
+    """One session's audio in client pieces, starting after `start_step` engine steps."""
+
+    pieces: list[np.ndarray]
+    start_step: int = 0
+    events: list = field(default_factory=list)
+    request: Request | None = None
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and isinstance(self.events[-1], Done | Failed)
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, Delta))
+
+
+def pieces(audio: np.ndarray, chunking: str, seed: int = 0) -> list[np.ndarray]:
+    if chunking == "whole":
+        return [audio]
+    if chunking == "80ms":
+        return [audio[i : i + 1280] for i in range(0, len(audio), 1280)]
+    rng = np.random.default_rng(seed)  # random 10-700 ms pieces
+    cuts, at = [], 0
+    while at < len(audio):
+        at += int(rng.integers(160, 11_200))
+        cuts.append(at)
+    return np.split(audio, cuts[:-1])
+
+
+def drive(engine: Engine, feeds: dict[str, Feed], max_steps: int = 100_000) -> None:
+    """Step the engine on this thread, one client piece per session per step, until all are done."""
+    for step in range(max_steps):
+        for session_id, feed in feeds.items():
+            if step == feed.start_step and feed.request is None:
+                engine.add_session(session_id, feed.events.append)
+            elif step > feed.start_step and feed.pieces:
+                engine.add_audio(session_id, feed.pieces.pop(0))
+                if not feed.pieces:
+                    engine.finish_input(session_id)
+        engine.run_once()
+        for session_id, feed in feeds.items():
+            if feed.request is None and session_id in engine.scheduler.requests:
+                feed.request = engine.scheduler.requests[session_id]
+        if all(feed.done for feed in feeds.values()):
+            return
+    raise AssertionError(f"sessions not done after {max_steps} steps")
+
+
+def voxtral_engine(path: Path, max_sessions: int = 8) -> Engine:
+    loaded = load_model(str(path), "cpu", "float32", max_sessions=max_sessions)
+    return Engine(loaded.runner, EngineConfig(max_sessions=max_sessions))

@@ -1,0 +1,205 @@
+"""Voxtral Realtime, batched across sessions: a streaming encoder step and a decoder step.
+
+The transformers model supplies the weights and the layer modules; this file runs
+them over many sessions at once, each with its own conv padding state and
+sliding-window KV ring (`SlidingKV`), which `generate` would keep per call.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
+from transformers import AutoProcessor, VoxtralRealtimeForConditionalGeneration
+from transformers.models.voxtral_realtime.modeling_voxtral_realtime import apply_rotary_pos_emb
+
+from voxtral.audio import HOP, raw_log_mel
+from voxtral.sliding_kv import SlidingKV
+from voxtral.whisper_weights import WeightsError
+
+CHECKPOINT_FILES = ("config.json", "tekken.json")
+
+
+@dataclass
+class Rows:
+    """One step's rows on the device: a row is a session's new positions, right-padded to Q."""
+
+    slots: torch.Tensor  # (B,) slot of each row
+    positions: torch.Tensor  # (B, Q) absolute positions; padding continues past a row's last one
+    valid: torch.Tensor  # (B, Q) which entries are real
+    lengths: torch.Tensor  # (B,) real entries per row
+
+    @classmethod
+    def build(cls, slots: list[int], starts: list[int], lengths: list[int], device: torch.device) -> "Rows":
+        width = max(lengths)
+        offsets = torch.arange(width)
+        positions = torch.tensor(starts)[:, None] + offsets
+        valid = offsets < torch.tensor(lengths)[:, None]
+        tensors = (torch.tensor(slots), positions, valid, torch.tensor(lengths))
+        return cls(*(t.to(device, non_blocking=True) for t in tensors))
+
+
+def local_checkpoint(source: str | Path) -> Path:
+    """A local directory, or a Hugging Face id found in the local cache (never the network)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        return Path(snapshot_download(str(source), local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError) as exc:
+        raise WeightsError(
+            f"model {str(source)!r} is neither a checkpoint directory nor in the local Hugging Face cache"
+        ) from exc
+
+
+def check_checkpoint(path: Path) -> None:
+    for name in CHECKPOINT_FILES:
+        if not (path / name).is_file():
+            raise WeightsError(f"missing file {path / name}: not a Voxtral Realtime checkpoint")
+    if not any(path.glob("*.safetensors")):
+        raise WeightsError(f"missing file {path / 'model.safetensors'}: the checkpoint has no weights")
+
+
+class VoxtralModel:
+    """Weights, tokenizer facts and per-slot streaming state for up to `num_slots` sessions."""
+
+    def __init__(self, source: str | Path, device: torch.device, dtype: torch.dtype, num_slots: int) -> None:
+        path = local_checkpoint(source)
+        check_checkpoint(path)
+        try:
+            model = VoxtralRealtimeForConditionalGeneration.from_pretrained(
+                path, dtype=dtype, local_files_only=True
+            )
+            self.processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        except Exception as exc:  # transformers raises many kinds for a bad file; all mean the same here
+            raise WeightsError(f"malformed checkpoint {path}: {exc}") from exc
+        self.path = path
+        self.model = model.to(device).eval()
+        self.device, self.dtype = device, dtype
+        self.num_slots = num_slots
+        config = model.config
+        self.encoder = model.model.audio_tower
+        self.language_model = model.model.language_model
+        self.downsample = config.downsample_factor
+        self.mel_frames_per_position = config.audio_length_per_tok
+        self.samples_per_position = self.mel_frames_per_position * HOP
+        self.n_mels = config.audio_config.num_mel_bins
+        self.log_mel_floor = self.processor.feature_extractor.global_log_mel_max - 8.0
+
+        mistral = self.processor.tokenizer.tokenizer
+        audio_encoder = mistral.instruct_tokenizer.audio_encoder
+        self.audio_config = audio_encoder.audio_config
+        self.prompt_ids = mistral.instruct_tokenizer.start() + audio_encoder.encode_streaming_tokens()
+        self.left_pad_samples = self.audio_config.n_left_pad_tokens * self.samples_per_position
+        self.eos_id = mistral.instruct_tokenizer.tokenizer.eos_id
+        self.tekken = mistral.instruct_tokenizer.tokenizer
+
+        self._prompt = torch.tensor(self.prompt_ids, device=device)
+        self.last_token = torch.zeros(num_slots, dtype=torch.long, device=device)
+        with torch.no_grad():
+            delay = torch.full((1,), self.processor.num_delay_tokens, device=device, dtype=dtype)
+            t_cond = model.model.time_embedding(delay)[None]
+            self._ada_scales = [1 + layer.ada_rms_norm(t_cond) for layer in self.language_model.layers]
+
+        audio, text = config.audio_config, config.text_config
+        self.conv1_state = torch.zeros(num_slots, self.n_mels, 2, device=device, dtype=dtype)
+        self.conv2_state = torch.zeros(num_slots, audio.hidden_size, 1, device=device, dtype=dtype)
+        self.audio_kv = SlidingKV(
+            audio.num_hidden_layers, num_slots, audio.num_attention_heads, audio.head_dim,
+            audio.sliding_window, device, dtype,
+        )  # fmt: skip
+        self.text_kv = SlidingKV(
+            text.num_hidden_layers, num_slots, text.num_key_value_heads, text.head_dim,
+            text.sliding_window or text.max_position_embeddings, device, dtype,
+        )  # fmt: skip
+
+    # ---- host side ---------------------------------------------------------------------------
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    def right_pad_samples(self, num_samples: int) -> int:
+        """Silence after the last sample, as mistral-common pads a whole recording."""
+        per = self.samples_per_position
+        return (-num_samples) % per + self.audio_config.n_right_pad_tokens() * per
+
+    def features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
+        """The feature extractor's log-mel for these samples; its clamp is a fixed level, so causal."""
+        raw = raw_log_mel(samples, left, right, self.n_mels)
+        return (torch.maximum(raw, torch.tensor(self.log_mel_floor)) + 4.0) / 4.0
+
+    # ---- device side -------------------------------------------------------------------------
+
+    def reset(self, slots: torch.Tensor) -> None:
+        self.conv1_state[slots] = 0
+        self.conv2_state[slots] = 0
+        self.audio_kv.reset(slots)
+        self.text_kv.reset(slots)
+
+    @torch.no_grad()
+    def encode(self, rows: Rows, mels: torch.Tensor) -> torch.Tensor:
+        """Audio embeddings (B, Q, hidden) of the rows' positions, from their log-mel (B, n_mels, Q * m)."""
+        arange = torch.arange(2, device=self.device)
+        frames = rows.lengths * self.mel_frames_per_position
+        x = torch.cat([self.conv1_state[rows.slots], mels.to(self.dtype)], dim=2)
+        self.conv1_state[rows.slots] = x[torch.arange(len(frames))[:, None], :, frames[:, None] + arange].mT
+        h = F.gelu(F.conv1d(x, self.encoder.embedder.conv1.weight, self.encoder.embedder.conv1.bias))
+        h = torch.cat([self.conv2_state[rows.slots], h], dim=2)
+        self.conv2_state[rows.slots] = h[torch.arange(len(frames)), :, frames][:, :, None]
+        conv2 = self.encoder.embedder.conv2
+        h = F.gelu(F.conv1d(h, conv2.weight, conv2.bias, stride=2)).transpose(1, 2)
+
+        offsets = torch.arange(h.shape[1], device=self.device)
+        positions = rows.positions[:, :1] * self.downsample + offsets
+        valid = offsets < (rows.lengths * self.downsample)[:, None]
+        h = self._layers(self.encoder, self.audio_kv, rows.slots, h, positions, valid, ada_scales=None)
+        h = self.encoder.norm(h).reshape(h.shape[0], -1, h.shape[2] * self.downsample)
+        return self.model.model.multi_modal_projector(h)
+
+    @torch.no_grad()
+    def decode(self, rows: Rows, audio_embeds: torch.Tensor) -> torch.Tensor:
+        """Greedy token after each row's last position (B,); feeds back through `last_token`."""
+        prompt = self._prompt[rows.positions.clamp(max=self.num_prompt - 1)]
+        fed_back = self.last_token[rows.slots][:, None].expand_as(prompt)
+        token_ids = torch.where(rows.positions >= self.num_prompt, fed_back, prompt)
+        h = self.language_model.embed_tokens(token_ids) + audio_embeds
+        lm = self.language_model
+        h = self._layers(lm, self.text_kv, rows.slots, h, rows.positions, rows.valid, self._ada_scales)
+        last = lm.norm(h[torch.arange(h.shape[0], device=self.device), rows.lengths - 1])
+        tokens = self.model.lm_head(last).argmax(dim=-1)
+        self.last_token[rows.slots] = tokens
+        return tokens
+
+    def _layers(self, stack, kv: SlidingKV, slots, h, positions, valid, ada_scales) -> torch.Tensor:
+        mask = kv.mask(slots, positions)
+        cos_sin = stack.rotary_emb(h, positions)
+        kept = kv.kept(positions, valid)
+        for i, layer in enumerate(stack.layers):
+            if ada_scales is None:  # encoder layer
+                h = h + self._attention(
+                    layer.self_attn, layer.self_attn_layer_norm(h), cos_sin, kv, i, slots, mask, kept
+                )
+                h = h + layer.mlp(layer.final_layer_norm(h))
+            else:
+                h = h + self._attention(
+                    layer.self_attn, layer.input_layernorm(h), cos_sin, kv, i, slots, mask, kept
+                )
+                h = h + layer.mlp(layer.post_attention_layernorm(h) * ada_scales[i])
+        kv.advance(slots, *kept, positions)
+        return h
+
+    @staticmethod
+    def _attention(attn, h, cos_sin, kv: SlidingKV, layer: int, slots, mask, kept) -> torch.Tensor:
+        batch, width, _ = h.shape
+        shape = (batch, width, -1, attn.head_dim)
+        q = attn.q_proj(h).view(shape).transpose(1, 2)
+        k = attn.k_proj(h).view(shape).transpose(1, 2)
+        v = attn.v_proj(h).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        out = kv.attend(layer, slots, q, k, v, mask, attn.scaling)
+        kv.write(layer, *kept[:2], slots, kept[2], k, v)
+        return attn.o_proj(out.transpose(1, 2).reshape(batch, width, -1))

@@ -1,0 +1,204 @@
+"""Voxtral Realtime streamed: one encoder call and one decoder call per step for all sessions.
+
+The engine thread prepares a step (`submit`: gather items, pad features, build index
+tensors, append placeholders) while a single worker thread runs the previous one on
+the device; the worker owns all device state, so steps, slot resets and releases run
+in the order they were submitted.
+"""
+
+import queue
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from scheduler import Request, SchedulerConfig, SchedulerOutput
+from voxtral.detokenizer import Detokenizer
+from voxtral.runner import StepResult, StreamState
+from voxtral.voxtral_model import Rows, VoxtralModel
+
+SLOT_WAIT_SECONDS = 60.0
+
+
+@dataclass
+class VoxtralStream:
+    slot: int
+    detokenizer: Detokenizer
+    done: bool = False  # final position decoded or end-of-stream sampled (worker-side)
+
+
+@dataclass
+class _Step:
+    """Everything the worker needs, gathered on the engine thread at submit time."""
+
+    freed: list[str]
+    new_slots: list[int]
+    encode_rows: Rows | None
+    encode_mels: torch.Tensor | None
+    encode_hashes: list[list[str]]
+    decode_rows: Rows
+    decode_hashes: list[list[str]]
+    streams: list[StreamState]
+    samples: list[bool]  # the row's last position samples a token
+    final: list[bool]
+
+
+class VoxtralRunner:
+    name = "voxtral_realtime"
+    history_dependent_items = True  # the encoder is causal and stateful
+    max_steps_in_flight = 2
+
+    def __init__(self, model: VoxtralModel) -> None:
+        self.model = model
+        self.device = model.device
+        self.chunk_samples = model.samples_per_position
+        self.samples_per_position = model.samples_per_position
+        self.leading_silence_samples = model.left_pad_samples
+        self.store: dict[str, torch.Tensor] = {}  # mm_hash -> audio embedding (worker-side)
+        self._free_slots: queue.Queue[int] = queue.Queue()
+        for slot in range(model.num_slots):
+            self._free_slots.put(slot)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrt-device")
+
+    @property
+    def num_slots_in_use(self) -> int:
+        return self.model.num_slots - self._free_slots.qsize()
+
+    def scheduler_config(self, max_sessions: int) -> SchedulerConfig:
+        if max_sessions > self.model.num_slots:
+            raise ValueError(f"{max_sessions} sessions but the model has {self.model.num_slots} KV slots")
+        # Worst case every session prefills its whole prompt in one step.
+        rows = max_sessions * self.model.num_prompt
+        return SchedulerConfig(
+            max_positions_per_step=rows,
+            max_encoder_rows_per_step=rows,
+            encoder_cache_rows=rows,
+            max_positions_per_request=1,
+            keep_unreferenced_encoder_outputs=False,
+        )
+
+    def trailing_silence_samples(self, num_samples: int) -> int:
+        # `generate` never computes the last padded position (its token would follow the
+        # end), so neither do we.
+        return self.model.right_pad_samples(num_samples) - self.samples_per_position
+
+    def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
+        return self.model.features(samples, left, right)
+
+    def new_stream(self, request: Request) -> StreamState:
+        request.num_prompt = self.model.num_prompt
+        try:
+            slot = self._free_slots.get(timeout=SLOT_WAIT_SECONDS)
+        except queue.Empty as exc:
+            raise RuntimeError("no KV slot came free: more sessions than --max-sessions") from exc
+        state = VoxtralStream(slot, Detokenizer(self.model.tekken))
+        return StreamState(request=request, family_state=state)
+
+    def release(self, stream: StreamState) -> None:
+        self._worker.submit(self._release, stream)
+
+    def wait_idle(self) -> None:
+        """Block until every step and release submitted so far has run."""
+        self._worker.submit(lambda: None).result()
+
+    def _release(self, stream: StreamState) -> None:
+        prefix = stream.request.request_id + "#"
+        for mm_hash in [h for h in self.store if h.startswith(prefix)]:
+            del self.store[mm_hash]
+        stream.family_state.done = True
+        self._free_slots.put(stream.family_state.slot)
+
+    # ---- engine thread -----------------------------------------------------------------------
+
+    def submit(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> Future[StepResult]:
+        return self._worker.submit(self._run, self._prepare(out, streams))
+
+    def _prepare(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> _Step:
+        by_request: dict[str, list[int]] = {}
+        requests: dict[str, Request] = {}
+        for request, input_id in out.encoder_inputs:
+            by_request.setdefault(request.request_id, []).append(input_id)
+            requests[request.request_id] = request
+        slots, starts, lengths, mels, encode_hashes = [], [], [], [], []
+        for request_id, input_ids in by_request.items():
+            items = [requests[request_id].items[i] for i in sorted(input_ids)]
+            slots.append(streams[request_id].family_state.slot)
+            starts.append(items[0].offset)
+            lengths.append(len(items))
+            mels.append(torch.cat([item.features for item in items], dim=1).T)
+            encode_hashes.append([item.mm_hash for item in items])
+        encode_rows, encode_mels = None, None
+        if slots:
+            encode_rows = Rows.build(slots, starts, lengths, self.device)
+            padded = pad_sequence(mels, batch_first=True).transpose(1, 2)
+            if self.device.type == "cuda":
+                padded = padded.pin_memory()
+            encode_mels = padded.to(self.device, non_blocking=True)
+
+        step_streams = [streams[s.request.request_id] for s in out.scheduled]
+        decode_slots = [stream.family_state.slot for stream in step_streams]
+        samples = []
+        for s in out.scheduled:
+            samples.append(s.end >= self.model.num_prompt)
+            if samples[-1]:
+                s.request.append_placeholders(1)
+        return _Step(
+            freed=out.freed_mm_hashes,
+            new_slots=[slot for slot, s in zip(decode_slots, out.scheduled, strict=True) if s.start == 0],
+            encode_rows=encode_rows,
+            encode_mels=encode_mels,
+            encode_hashes=encode_hashes,
+            decode_rows=Rows.build(
+                decode_slots,
+                [s.start for s in out.scheduled],
+                [s.num_positions for s in out.scheduled],
+                self.device,
+            ),
+            decode_hashes=[
+                [s.request.items[i].mm_hash for i in range(s.item_lo, s.item_hi)] for s in out.scheduled
+            ],
+            streams=step_streams,
+            samples=samples,
+            final=[s.final for s in out.scheduled],
+        )
+
+    # ---- worker thread -----------------------------------------------------------------------
+
+    def _run(self, step: _Step) -> StepResult:
+        started = time.perf_counter()
+        for mm_hash in step.freed:
+            self.store.pop(mm_hash, None)
+        if step.new_slots:
+            self.model.reset(torch.tensor(step.new_slots, device=self.device))
+        if step.encode_rows is not None:
+            embeds = self.model.encode(step.encode_rows, step.encode_mels)
+            for row, hashes in enumerate(step.encode_hashes):
+                for j, mm_hash in enumerate(hashes):
+                    self.store[mm_hash] = embeds[row, j]
+        audio = pad_sequence(
+            [torch.stack([self.store[h] for h in hashes]) for hashes in step.decode_hashes], batch_first=True
+        )
+        tokens = self.model.decode(step.decode_rows, audio).tolist()
+        result = StepResult()
+        for stream, token, samples, final in zip(step.streams, tokens, step.samples, step.final, strict=True):
+            state: VoxtralStream = stream.family_state
+            if state.done:  # ended while this step was queued: nothing of it goes out
+                continue
+            request_id = stream.request.request_id
+            text = ""
+            if samples:
+                result.sampled[request_id] = [token]
+                result.num_tokens[request_id] = 1
+                text = state.detokenizer.add(token)
+                state.done = token == self.model.eos_id
+            if final or state.done:
+                text += state.detokenizer.flush()
+                state.done = True
+                result.finished.append(request_id)
+            if text:
+                result.deltas[request_id] = text
+        result.model_seconds = time.perf_counter() - started
+        return result
