@@ -1,12 +1,58 @@
 """Per-session ring buffers for sliding-window attention, and one batched attention call over them.
 
-A session owns a slot; a slot holds, for every layer, the keys and values of its last
-`window` positions and which absolute position each ring cell holds. Memory is fixed
-by the number of slots: it does not grow with session length or sessions served.
+A session owns a slot; a slot holds, for every layer, the keys and values of its recent
+positions and which absolute position each ring cell holds. Memory is fixed by the
+number of slots: it does not grow with session length or with sessions served.
+
+A step writes its new keys into the ring first and then attends over the ring alone
+(no concatenation). That is safe because the ring has `window + max_step - 1` cells:
+the keys a step overwrites are older than anything its earliest query still sees.
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class Rows:
+    """One step's batch: row b is a session's new positions `[start, start + length)`, padded to Q."""
+
+    slots: torch.Tensor  # (B,)
+    positions: torch.Tensor  # (B, Q) absolute; padding continues past a row's last position
+    valid: torch.Tensor  # (B, Q)
+    lengths: torch.Tensor  # (B,)
+    flat_rows: torch.Tensor  # (N,) row of each real entry
+    flat_cols: torch.Tensor  # (N,) column of each real entry
+    end: int  # 1 + the largest real position: how much of a young ring is in use
+
+    @classmethod
+    def build(cls, slots: list[int], starts: list[int], lengths: list[int], device: torch.device) -> "Rows":
+        """Built on the host from host lists, so nothing here waits on the device."""
+        width = max(lengths)
+        offsets = torch.arange(width)
+        length_tensor = torch.tensor(lengths)
+        valid = offsets < length_tensor[:, None]
+        flat_rows = torch.repeat_interleave(torch.arange(len(lengths)), length_tensor)
+        flat_cols = torch.cat([torch.arange(n) for n in lengths])
+        tensors = (
+            torch.tensor(slots),
+            torch.tensor(starts)[:, None] + offsets,
+            valid,
+            length_tensor,
+            flat_rows,
+            flat_cols,
+        )
+        end = max(s + n for s, n in zip(starts, lengths, strict=True))
+        return cls(*(t.to(device, non_blocking=True) for t in tensors), end=end)
+
+
+@dataclass
+class StepMask:
+    mask: torch.Tensor  # (B, 1, Q, width): which ring cells each query sees
+    width: int
+    cells: torch.Tensor  # (N,) ring cell of each real entry
 
 
 class SlidingKV:
@@ -17,60 +63,49 @@ class SlidingKV:
         num_kv_heads: int,
         head_dim: int,
         window: int,
+        max_step: int,
         device: torch.device,
         dtype: torch.dtype,
     ) -> None:
         self.window = window
-        shape = (num_layers, num_slots, num_kv_heads, window, head_dim)
+        self.capacity = window + max_step - 1
+        shape = (num_layers, num_slots, num_kv_heads, self.capacity, head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.positions = torch.full((num_slots, window), -1, device=device, dtype=torch.long)
+        self.positions = torch.full((num_slots, self.capacity), -1, device=device, dtype=torch.long)
 
     def reset(self, slots: torch.Tensor) -> None:
         self.positions[slots] = -1
 
-    def mask(self, slots: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
-        """(B, 1, Q, window + Q) boolean: key k is visible to query q iff q - window < k <= q.
-
-        Keys are the slot's ring followed by this step's new positions. Padded queries sit
-        after a row's real ones at later positions, so no real query ever sees them.
-        """
-        key_pos = torch.cat([self.positions[slots], q_pos], dim=1)[:, None, :]
-        query = q_pos[:, :, None]
+    def begin_step(self, rows: Rows) -> StepMask:
+        """Claim ring cells for the step's positions; key k is visible to query q iff q - window < k <= q."""
+        flat_positions = rows.positions[rows.flat_rows, rows.flat_cols]
+        cells = flat_positions % self.capacity
+        self.positions[rows.slots[rows.flat_rows], cells] = flat_positions
+        width = min(self.capacity, rows.end)
+        key_pos = self.positions[rows.slots, :width][:, None, :]
+        query = rows.positions[:, :, None]
         visible = (key_pos >= 0) & (key_pos <= query) & (key_pos > query - self.window)
-        return visible[:, None]
+        # Padding queries see every cell: their output is dropped, but must stay finite.
+        visible |= ~rows.valid[:, :, None]
+        return StepMask(visible[:, None], width, cells)
 
     def attend(
         self,
         layer: int,
-        slots: torch.Tensor,
+        rows: Rows,
+        step: StepMask,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        mask: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
         """q (B, H, Q, D) and this step's k, v (B, KVH, Q, D), all rotated; returns (B, H, Q, D)."""
-        keys = torch.cat([self.keys[layer, slots], k], dim=2)
-        values = torch.cat([self.values[layer, slots], v], dim=2)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
-
-    def write(
-        self, layer: int, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor, cells, k, v
-    ) -> None:
-        """Store the kept new keys: `rows`/`cols` index the step's (B, Q) grid, `cells` the ring."""
-        self.keys[layer, slots[rows], :, cells] = k.transpose(1, 2)[rows, cols]
-        self.values[layer, slots[rows], :, cells] = v.transpose(1, 2)[rows, cols]
-
-    def kept(
-        self, q_pos: torch.Tensor, valid: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Which new positions the ring keeps: the valid ones among each row's last `window`."""
-        last = torch.where(valid, q_pos, -1).max(dim=1, keepdim=True).values
-        keep = valid & (q_pos > last - self.window)
-        rows, cols = keep.nonzero(as_tuple=True)
-        return rows, cols, q_pos[rows, cols] % self.window
-
-    def advance(self, slots: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, cells, q_pos) -> None:
-        """After every layer has written: the ring cells now hold these positions."""
-        self.positions[slots[rows], cells] = q_pos[rows, cols]
+        slots = rows.slots[rows.flat_rows]
+        self.keys[layer, slots, :, step.cells] = k.transpose(1, 2)[rows.flat_rows, rows.flat_cols]
+        self.values[layer, slots, :, step.cells] = v.transpose(1, 2)[rows.flat_rows, rows.flat_cols]
+        keys = self.keys[layer, rows.slots, :, : step.width]
+        values = self.values[layer, rows.slots, :, : step.width]
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=step.mask, scale=scale, enable_gqa=True
+        )

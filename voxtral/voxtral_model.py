@@ -5,7 +5,6 @@ them over many sessions at once, each with its own conv padding state and
 sliding-window KV ring (`SlidingKV`), which `generate` would keep per call.
 """
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,29 +16,10 @@ from transformers import AutoProcessor, VoxtralRealtimeForConditionalGeneration
 from transformers.models.voxtral_realtime.modeling_voxtral_realtime import apply_rotary_pos_emb
 
 from voxtral.audio import HOP, raw_log_mel
-from voxtral.sliding_kv import SlidingKV
+from voxtral.sliding_kv import Rows, SlidingKV, StepMask
 from voxtral.whisper_weights import WeightsError
 
 CHECKPOINT_FILES = ("config.json", "tekken.json")
-
-
-@dataclass
-class Rows:
-    """One step's rows on the device: a row is a session's new positions, right-padded to Q."""
-
-    slots: torch.Tensor  # (B,) slot of each row
-    positions: torch.Tensor  # (B, Q) absolute positions; padding continues past a row's last one
-    valid: torch.Tensor  # (B, Q) which entries are real
-    lengths: torch.Tensor  # (B,) real entries per row
-
-    @classmethod
-    def build(cls, slots: list[int], starts: list[int], lengths: list[int], device: torch.device) -> "Rows":
-        width = max(lengths)
-        offsets = torch.arange(width)
-        positions = torch.tensor(starts)[:, None] + offsets
-        valid = offsets < torch.tensor(lengths)[:, None]
-        tensors = (torch.tensor(slots), positions, valid, torch.tensor(lengths))
-        return cls(*(t.to(device, non_blocking=True) for t in tensors))
 
 
 def local_checkpoint(source: str | Path) -> Path:
@@ -107,13 +87,14 @@ class VoxtralModel:
         audio, text = config.audio_config, config.text_config
         self.conv1_state = torch.zeros(num_slots, self.n_mels, 2, device=device, dtype=dtype)
         self.conv2_state = torch.zeros(num_slots, audio.hidden_size, 1, device=device, dtype=dtype)
+        # A step runs at most a whole prompt: that bounds the new keys a ring takes at once.
         self.audio_kv = SlidingKV(
             audio.num_hidden_layers, num_slots, audio.num_attention_heads, audio.head_dim,
-            audio.sliding_window, device, dtype,
+            audio.sliding_window, self.num_prompt * self.downsample, device, dtype,
         )  # fmt: skip
         self.text_kv = SlidingKV(
             text.num_hidden_layers, num_slots, text.num_key_value_heads, text.head_dim,
-            text.sliding_window or text.max_position_embeddings, device, dtype,
+            text.sliding_window or text.max_position_embeddings, self.num_prompt, device, dtype,
         )  # fmt: skip
 
     # ---- host side ---------------------------------------------------------------------------
@@ -141,65 +122,60 @@ class VoxtralModel:
         self.text_kv.reset(slots)
 
     @torch.no_grad()
-    def encode(self, rows: Rows, mels: torch.Tensor) -> torch.Tensor:
-        """Audio embeddings (B, Q, hidden) of the rows' positions, from their log-mel (B, n_mels, Q * m)."""
-        arange = torch.arange(2, device=self.device)
-        frames = rows.lengths * self.mel_frames_per_position
-        x = torch.cat([self.conv1_state[rows.slots], mels.to(self.dtype)], dim=2)
-        self.conv1_state[rows.slots] = x[torch.arange(len(frames))[:, None], :, frames[:, None] + arange].mT
-        h = F.gelu(F.conv1d(x, self.encoder.embedder.conv1.weight, self.encoder.embedder.conv1.bias))
-        h = torch.cat([self.conv2_state[rows.slots], h], dim=2)
-        self.conv2_state[rows.slots] = h[torch.arange(len(frames)), :, frames][:, :, None]
-        conv2 = self.encoder.embedder.conv2
-        h = F.gelu(F.conv1d(h, conv2.weight, conv2.bias, stride=2)).transpose(1, 2)
+    def encode(self, frames: Rows, mels: torch.Tensor) -> torch.Tensor:
+        """Audio embeddings (B, Q, hidden) of new positions, from their log-mel (B, n_mels, 2 * frames).
 
-        offsets = torch.arange(h.shape[1], device=self.device)
-        positions = rows.positions[:, :1] * self.downsample + offsets
-        valid = offsets < (rows.lengths * self.downsample)[:, None]
-        h = self._layers(self.encoder, self.audio_kv, rows.slots, h, positions, valid, ada_scales=None)
+        `frames` counts encoder frames (`downsample` per position), after the stride-2 conv.
+        """
+        batch = torch.arange(len(frames.lengths), device=self.device)
+        num_mel = frames.lengths * 2
+        x = torch.cat([self.conv1_state[frames.slots], mels.to(self.dtype)], dim=2)
+        self.conv1_state[frames.slots] = x[
+            batch[:, None], :, num_mel[:, None] + torch.arange(2, device=self.device)
+        ].mT
+        conv1, conv2 = self.encoder.embedder.conv1, self.encoder.embedder.conv2
+        h = F.gelu(F.conv1d(x, conv1.weight, conv1.bias))
+        h = torch.cat([self.conv2_state[frames.slots], h], dim=2)
+        self.conv2_state[frames.slots] = h[batch, :, num_mel][:, :, None]
+        h = F.gelu(F.conv1d(h, conv2.weight, conv2.bias, stride=2)).transpose(1, 2)
+        h = self._layers(self.encoder, self.audio_kv, frames, h, ada_scales=None)
         h = self.encoder.norm(h).reshape(h.shape[0], -1, h.shape[2] * self.downsample)
         return self.model.model.multi_modal_projector(h)
 
     @torch.no_grad()
     def decode(self, rows: Rows, audio_embeds: torch.Tensor) -> torch.Tensor:
-        """Greedy token after each row's last position (B,); feeds back through `last_token`."""
+        """Greedy token after each row's last position (B,); fed back through `last_token`."""
         prompt = self._prompt[rows.positions.clamp(max=self.num_prompt - 1)]
         fed_back = self.last_token[rows.slots][:, None].expand_as(prompt)
         token_ids = torch.where(rows.positions >= self.num_prompt, fed_back, prompt)
         h = self.language_model.embed_tokens(token_ids) + audio_embeds
-        lm = self.language_model
-        h = self._layers(lm, self.text_kv, rows.slots, h, rows.positions, rows.valid, self._ada_scales)
-        last = lm.norm(h[torch.arange(h.shape[0], device=self.device), rows.lengths - 1])
+        h = self._layers(self.language_model, self.text_kv, rows, h, self._ada_scales)
+        last = self.language_model.norm(h[torch.arange(h.shape[0], device=self.device), rows.lengths - 1])
         tokens = self.model.lm_head(last).argmax(dim=-1)
         self.last_token[rows.slots] = tokens
         return tokens
 
-    def _layers(self, stack, kv: SlidingKV, slots, h, positions, valid, ada_scales) -> torch.Tensor:
-        mask = kv.mask(slots, positions)
-        cos_sin = stack.rotary_emb(h, positions)
-        kept = kv.kept(positions, valid)
+    def _layers(self, stack, kv: SlidingKV, rows: Rows, h, ada_scales) -> torch.Tensor:
+        step = kv.begin_step(rows)
+        cos_sin = stack.rotary_emb(h, rows.positions)
         for i, layer in enumerate(stack.layers):
             if ada_scales is None:  # encoder layer
                 h = h + self._attention(
-                    layer.self_attn, layer.self_attn_layer_norm(h), cos_sin, kv, i, slots, mask, kept
+                    layer.self_attn, layer.self_attn_layer_norm(h), cos_sin, kv, i, rows, step
                 )
                 h = h + layer.mlp(layer.final_layer_norm(h))
             else:
-                h = h + self._attention(
-                    layer.self_attn, layer.input_layernorm(h), cos_sin, kv, i, slots, mask, kept
-                )
+                h = h + self._attention(layer.self_attn, layer.input_layernorm(h), cos_sin, kv, i, rows, step)
                 h = h + layer.mlp(layer.post_attention_layernorm(h) * ada_scales[i])
-        kv.advance(slots, *kept, positions)
         return h
 
     @staticmethod
-    def _attention(attn, h, cos_sin, kv: SlidingKV, layer: int, slots, mask, kept) -> torch.Tensor:
+    def _attention(attn, h, cos_sin, kv: SlidingKV, layer: int, rows: Rows, step: StepMask) -> torch.Tensor:
         batch, width, _ = h.shape
         shape = (batch, width, -1, attn.head_dim)
         q = attn.q_proj(h).view(shape).transpose(1, 2)
         k = attn.k_proj(h).view(shape).transpose(1, 2)
         v = attn.v_proj(h).view(shape).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *cos_sin)
-        out = kv.attend(layer, slots, q, k, v, mask, attn.scaling)
-        kv.write(layer, *kept[:2], slots, kept[2], k, v)
+        out = kv.attend(layer, rows, step, q, k, v, attn.scaling)
         return attn.o_proj(out.transpose(1, 2).reshape(batch, width, -1))

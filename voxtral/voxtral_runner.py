@@ -18,7 +18,8 @@ from torch.nn.utils.rnn import pad_sequence
 from scheduler import Request, SchedulerConfig, SchedulerOutput
 from voxtral.detokenizer import Detokenizer
 from voxtral.runner import StepResult, StreamState
-from voxtral.voxtral_model import Rows, VoxtralModel
+from voxtral.sliding_kv import Rows
+from voxtral.voxtral_model import VoxtralModel
 
 SLOT_WAIT_SECONDS = 60.0
 
@@ -36,7 +37,7 @@ class _Step:
 
     freed: list[str]
     new_slots: list[int]
-    encode_rows: Rows | None
+    encode_frames: Rows | None
     encode_mels: torch.Tensor | None
     encode_hashes: list[list[str]]
     decode_rows: Rows
@@ -123,16 +124,17 @@ class VoxtralRunner:
             by_request.setdefault(request.request_id, []).append(input_id)
             requests[request.request_id] = request
         slots, starts, lengths, mels, encode_hashes = [], [], [], [], []
+        frames_per_position = self.model.downsample
         for request_id, input_ids in by_request.items():
             items = [requests[request_id].items[i] for i in sorted(input_ids)]
             slots.append(streams[request_id].family_state.slot)
-            starts.append(items[0].offset)
-            lengths.append(len(items))
+            starts.append(items[0].offset * frames_per_position)
+            lengths.append(len(items) * frames_per_position)
             mels.append(torch.cat([item.features for item in items], dim=1).T)
             encode_hashes.append([item.mm_hash for item in items])
-        encode_rows, encode_mels = None, None
+        encode_frames, encode_mels = None, None
         if slots:
-            encode_rows = Rows.build(slots, starts, lengths, self.device)
+            encode_frames = Rows.build(slots, starts, lengths, self.device)
             padded = pad_sequence(mels, batch_first=True).transpose(1, 2)
             if self.device.type == "cuda":
                 padded = padded.pin_memory()
@@ -148,7 +150,7 @@ class VoxtralRunner:
         return _Step(
             freed=out.freed_mm_hashes,
             new_slots=[slot for slot, s in zip(decode_slots, out.scheduled, strict=True) if s.start == 0],
-            encode_rows=encode_rows,
+            encode_frames=encode_frames,
             encode_mels=encode_mels,
             encode_hashes=encode_hashes,
             decode_rows=Rows.build(
@@ -173,8 +175,8 @@ class VoxtralRunner:
             self.store.pop(mm_hash, None)
         if step.new_slots:
             self.model.reset(torch.tensor(step.new_slots, device=self.device))
-        if step.encode_rows is not None:
-            embeds = self.model.encode(step.encode_rows, step.encode_mels)
+        if step.encode_frames is not None:
+            embeds = self.model.encode(step.encode_frames, step.encode_mels)
             for row, hashes in enumerate(step.encode_hashes):
                 for j, mm_hash in enumerate(hashes):
                     self.store[mm_hash] = embeds[row, j]
