@@ -123,7 +123,9 @@ def test_item_features_equal_the_feature_extractor(voxtral_dirs, welcome):
     ]
     got = np.concatenate(items, axis=1)
     assert got.shape == tuple(expected.shape)
-    np.testing.assert_allclose(got, expected.numpy(), atol=1e-5)
+    # float32 rounding only: the extractor runs torch's STFT over the whole signal, we
+    # numpy's FFT per item.
+    np.testing.assert_allclose(got, expected.numpy(), atol=1e-4)
 
 
 def _cpu_float32():

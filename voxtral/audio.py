@@ -34,13 +34,13 @@ def load_audio_file(path: str | Path) -> np.ndarray:
 
 
 @cache
-def _mel_filters(n_mels: int) -> torch.Tensor:
-    return torch.from_numpy(librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=n_mels)).float()
+def _mel_filters(n_mels: int) -> np.ndarray:
+    return librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=n_mels).astype(np.float32)
 
 
 @cache
-def _window() -> torch.Tensor:
-    return torch.hann_window(N_FFT)
+def _window() -> np.ndarray:
+    return np.hanning(N_FFT + 1)[:-1].astype(np.float32)  # periodic, as torch.hann_window
 
 
 RIGHT_CONTEXT = N_FFT // 2 - HOP  # samples past a chunk that its last frame sees
@@ -55,6 +55,10 @@ def raw_log_mel(
     samples before the chunk and the `RIGHT_CONTEXT` samples after it (zeros where the
     stream has none), consecutive chunks give exactly the frames of the whole signal.
     Whisper's dynamic-range clamp needs the whole window: see `normalize_log_mel`.
+
+    numpy, not torch: this runs on the engine thread, and a torch FFT or matmul there
+    would start a second OpenMP thread team next to the device worker's, which on a
+    small machine throttles both (libgomp stops spinning when oversubscribed).
     """
     if len(samples) % HOP:
         raise ValueError(f"chunk of {len(samples)} samples is not a multiple of {HOP}")
@@ -70,10 +74,10 @@ def raw_log_mel(
             np.zeros(half - len(right), np.float32),
         ]
     )
-    frames = torch.from_numpy(padded).unfold(0, N_FFT, HOP)[: len(samples) // HOP]
-    spectrum = torch.fft.rfft(frames * _window(), dim=-1)
-    power = spectrum.real.square() + spectrum.imag.square()
-    return (_mel_filters(n_mels) @ power.T).clamp(min=1e-10).log10()
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][: len(samples) // HOP]
+    spectrum = np.fft.rfft(frames * _window(), axis=-1)
+    power = spectrum.real**2 + spectrum.imag**2
+    return torch.from_numpy(np.log10(np.maximum(_mel_filters(n_mels) @ power.T, 1e-10)))
 
 
 def normalize_log_mel(raw: torch.Tensor, num_frames: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from voxtral.runner import ModelRunner
-from voxtral.voxtral_model import VoxtralModel, local_checkpoint
+from voxtral.voxtral_model import local_checkpoint
 from voxtral.voxtral_runner import VoxtralRunner
 from voxtral.whisper_model import WhisperModel
 from voxtral.whisper_runner import WhisperRunner
@@ -63,6 +63,6 @@ def load_model(
         runner = WhisperRunner(WhisperModel(path, chosen, pick_dtype(dtype, chosen)))
         return LoadedModel(runner, model, names | {"whisper"})
     if kind == "voxtral_realtime":
-        voxtral = VoxtralModel(path, chosen, pick_dtype(dtype, chosen), num_slots=max_sessions)
-        return LoadedModel(VoxtralRunner(voxtral), model, names | {"voxtral"})
+        runner = VoxtralRunner(path, chosen, pick_dtype(dtype, chosen), num_slots=max_sessions)
+        return LoadedModel(runner, model, names | {"voxtral"})
     raise WeightsError(f"{path / 'config.json'}: model_type {kind!r} is not served by voxrt")

@@ -11,6 +11,7 @@ the keys a step overwrites are older than anything its earliest query still sees
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -29,23 +30,19 @@ class Rows:
 
     @classmethod
     def build(cls, slots: list[int], starts: list[int], lengths: list[int], device: torch.device) -> "Rows":
-        """Built on the host from host lists, so nothing here waits on the device."""
-        width = max(lengths)
-        offsets = torch.arange(width)
-        length_tensor = torch.tensor(lengths)
-        valid = offsets < length_tensor[:, None]
-        flat_rows = torch.repeat_interleave(torch.arange(len(lengths)), length_tensor)
-        flat_cols = torch.cat([torch.arange(n) for n in lengths])
-        tensors = (
-            torch.tensor(slots),
-            torch.tensor(starts)[:, None] + offsets,
-            valid,
-            length_tensor,
-            flat_rows,
-            flat_cols,
+        """Built with numpy from host lists: no device wait, and no torch thread pool on the host."""
+        counts = np.asarray(lengths)
+        offsets = np.arange(counts.max())
+        arrays = (
+            np.asarray(slots),
+            np.asarray(starts)[:, None] + offsets,
+            offsets < counts[:, None],
+            counts,
+            np.repeat(np.arange(len(counts)), counts),
+            np.concatenate([np.arange(n) for n in lengths]),
         )
         end = max(s + n for s, n in zip(starts, lengths, strict=True))
-        return cls(*(t.to(device, non_blocking=True) for t in tensors), end=end)
+        return cls(*(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays), end=end)
 
 
 @dataclass

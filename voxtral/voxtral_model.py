@@ -110,8 +110,8 @@ class VoxtralModel:
 
     def features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
         """The feature extractor's log-mel for these samples; its clamp is a fixed level, so causal."""
-        raw = raw_log_mel(samples, left, right, self.n_mels)
-        return (torch.maximum(raw, torch.tensor(self.log_mel_floor)) + 4.0) / 4.0
+        raw = raw_log_mel(samples, left, right, self.n_mels).numpy()
+        return torch.from_numpy((np.maximum(raw, self.log_mel_floor) + 4.0) / 4.0)
 
     # ---- device side -------------------------------------------------------------------------
 

@@ -10,12 +10,13 @@ import queue
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from scheduler import Request, SchedulerConfig, SchedulerOutput
+from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
 from voxtral.detokenizer import Detokenizer
 from voxtral.runner import StepResult, StreamState
 from voxtral.sliding_kv import Rows
@@ -52,7 +53,11 @@ class VoxtralRunner:
     history_dependent_items = True  # the encoder is causal and stateful
     max_steps_in_flight = 2
 
-    def __init__(self, model: VoxtralModel) -> None:
+    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, num_slots: int) -> None:
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrt-device")
+        # Loaded on the worker, the one thread that runs torch's parallel kernels: a second
+        # OpenMP team on another thread would throttle both on a small CPU.
+        model = self._worker.submit(VoxtralModel, path, device, dtype, num_slots).result()
         self.model = model
         self.device = model.device
         self.chunk_samples = model.samples_per_position
@@ -62,7 +67,6 @@ class VoxtralRunner:
         self._free_slots: queue.Queue[int] = queue.Queue()
         for slot in range(model.num_slots):
             self._free_slots.put(slot)
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrt-device")
 
     @property
     def num_slots_in_use(self) -> int:
@@ -123,22 +127,19 @@ class VoxtralRunner:
         for request, input_id in out.encoder_inputs:
             by_request.setdefault(request.request_id, []).append(input_id)
             requests[request.request_id] = request
-        slots, starts, lengths, mels, encode_hashes = [], [], [], [], []
+        slots, starts, lengths, runs, encode_hashes = [], [], [], [], []
         frames_per_position = self.model.downsample
         for request_id, input_ids in by_request.items():
             items = [requests[request_id].items[i] for i in sorted(input_ids)]
             slots.append(streams[request_id].family_state.slot)
             starts.append(items[0].offset * frames_per_position)
             lengths.append(len(items) * frames_per_position)
-            mels.append(torch.cat([item.features for item in items], dim=1).T)
+            runs.append(items)
             encode_hashes.append([item.mm_hash for item in items])
         encode_frames, encode_mels = None, None
         if slots:
             encode_frames = Rows.build(slots, starts, lengths, self.device)
-            padded = pad_sequence(mels, batch_first=True).transpose(1, 2)
-            if self.device.type == "cuda":
-                padded = padded.pin_memory()
-            encode_mels = padded.to(self.device, non_blocking=True)
+            encode_mels = self._batch_features(runs).to(self.device, non_blocking=True)
 
         step_streams = [streams[s.request.request_id] for s in out.scheduled]
         decode_slots = [stream.family_state.slot for stream in step_streams]
@@ -166,6 +167,19 @@ class VoxtralRunner:
             samples=samples,
             final=[s.final for s in out.scheduled],
         )
+
+    def _batch_features(self, runs: list[list[AudioItem]]) -> torch.Tensor:
+        """(B, n_mels, frames) log-mel of each row's items, right-padded with zeros.
+
+        Filled with numpy: torch's copy kernels would start a thread team on this thread.
+        """
+        width = self.model.mel_frames_per_position
+        batch = np.zeros((len(runs), self.model.n_mels, width * max(map(len, runs))), np.float32)
+        for row, items in enumerate(runs):
+            for j, item in enumerate(items):
+                batch[row, :, j * width : (j + 1) * width] = item.features.numpy()
+        features = torch.from_numpy(batch)
+        return features.pin_memory() if self.device.type == "cuda" else features
 
     # ---- worker thread -----------------------------------------------------------------------
 
