@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 from tests.server_harness import events_until, stream
 
 
-def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
+def start_server(*extra: str, model: str = "whisper-tiny.en") -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
         [sys.executable, "-m", "realtime.cli", "serve", "--port", "0", "--threads", "2", *extra],
@@ -34,7 +34,7 @@ def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
         except json.JSONDecodeError:
             continue
         if record.get("event") == "server.listening":
-            assert record["model"] == "whisper-tiny.en" and record["device"] == "cpu"
+            assert record["model"] == model and record["device"] == "cpu"
             return process, record["url"]
     process.kill()
     pytest.fail("server did not start")
