@@ -1,6 +1,7 @@
 """Pick a model family for `--model` and load it on the chosen device."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,15 @@ def _model_type(path: Path) -> str:
 def load_model(
     model: str | None, device: str | None = None, dtype: str | None = None, max_sessions: int = 64
 ) -> LoadedModel:
+    """Load on a throwaway thread: the torch kernels loading runs start an OpenMP thread team
+    on the calling thread, which would outlive the load next to the engine's own team; on a
+    small CPU two teams throttle each other (libgomp stops spinning when oversubscribed).
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="voxrt-load") as pool:
+        return pool.submit(_load_model, model, device, dtype, max_sessions).result()
+
+
+def _load_model(model: str | None, device: str | None, dtype: str | None, max_sessions: int) -> LoadedModel:
     hf_logging.disable_progress_bar()  # a progress bar is noise in JSON logs
     chosen = pick_device(device)
     if model in (None, DEFAULT_MODEL):
