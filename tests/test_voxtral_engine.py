@@ -5,6 +5,7 @@ import asyncio
 import json
 import shutil
 
+import huggingface_hub.constants
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -154,6 +155,17 @@ def test_a_malformed_config_is_named(voxtral_dirs, tmp_path):
 
 
 def test_a_hugging_face_id_is_looked_up_in_the_local_cache_only(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(WeightsError, match="local Hugging Face cache"):
         load_model("mistralai/Voxtral-Mini-4B-Realtime-2602", "cpu", max_sessions=1)
+
+
+def test_a_hugging_face_id_in_the_local_cache_loads_without_the_network(voxtral_dirs, tmp_path, monkeypatch):
+    """The cache layout huggingface_hub writes: refs/main names the snapshot that holds the files."""
+    repo = tmp_path / "models--voxrt--tiny-voxtral"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(voxtral_dirs["short_windows"], repo / "snapshots" / ("0" * 40))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    loaded = load_model("voxrt/tiny-voxtral", "cpu", max_sessions=1)
+    assert loaded.runner.name == "voxtral_realtime" and "voxtral" in loaded.names
