@@ -167,7 +167,9 @@ async def soak(args: argparse.Namespace) -> dict:
     # All sessions have ended: every cache row they referenced must be back.
     end = scrape(http_base)
     for _ in range(100):
-        if end.get("voxrt_sessions_active", 0) == 0 and end.get("voxrt_engine_sessions", 0) == 0:
+        # KV slots come back once the device worker has run the release.
+        names = ("voxrt_sessions_active", "voxrt_engine_sessions", "voxrt_kv_slots_used")
+        if all(end.get(name, 0) == 0 for name in names):
             break
         await asyncio.sleep(0.2)
         end = scrape(http_base)
@@ -196,6 +198,7 @@ async def soak(args: argparse.Namespace) -> dict:
         "rss_growth_after_warmup_mb": round(after_warmup[-1] - after_warmup[0], 2),
         "rss_slope_mb_per_hour": round(rss_slope_mb_per_hour(samples, warmup_until), 2),
         "encoder_cache_rows_after": end.get("voxrt_encoder_cache_rows", 0),
+        "kv_slots_after": end.get("voxrt_kv_slots_used", 0),
         "feature_cache_hit_rate": round(
             (end.get("voxrt_feature_cache_hits_total", 0) - first.get("voxrt_feature_cache_hits_total", 0))
             / max(
@@ -221,6 +224,8 @@ def verdict(report: dict, args: argparse.Namespace) -> list[str]:
             f"{report['encoder_cache_rows_after']:.0f} encoder-cache rows still referenced "
             "after all sessions ended"
         )
+    if report["kv_slots_after"] != 0:
+        failures.append(f"{report['kv_slots_after']:.0f} KV slots still held after all sessions ended")
     if report["rss_growth_after_warmup_mb"] > args.max_rss_growth:
         failures.append(
             f"RSS grew {report['rss_growth_after_warmup_mb']:.0f} MB after warm-up > {args.max_rss_growth} MB"
