@@ -4,6 +4,7 @@ features and loading errors."""
 import asyncio
 import json
 import shutil
+import time
 
 import huggingface_hub.constants
 import numpy as np
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 from transformers import AutoProcessor
 
-from realtime.engine import Delta, Done
+from realtime.engine import Delta, Done, Failed
 from tests.voxtral_harness import (
     Feed,
     drive,
@@ -169,3 +170,46 @@ def test_a_hugging_face_id_in_the_local_cache_loads_without_the_network(voxtral_
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     loaded = load_model("voxrt/tiny-voxtral", "cpu", max_sessions=1)
     assert loaded.runner.name == "voxtral_realtime" and "voxtral" in loaded.names
+
+
+def ended(events: list) -> bool:
+    return bool(events) and isinstance(events[-1], Done | Failed)
+
+
+def test_a_failed_device_step_fails_its_sessions_frees_them_and_the_engine_carries_on(
+    voxtral_dirs, monkeypatch
+):
+    path = voxtral_dirs["base"]
+    engine = voxtral_engine(path, max_sessions=2)
+    model = engine.runner.model
+    real_decode = model.decode
+    calls = {"n": 0}
+
+    def decode_failing_once(rows, audio_embeds):
+        calls["n"] += 1
+        if calls["n"] == 20:
+            raise RuntimeError("device fault")
+        return real_decode(rows, audio_embeds)
+
+    monkeypatch.setattr(model, "decode", decode_failing_once)
+    audio = noise(2.0, seed=6)
+    events: dict[str, list] = {"a": [], "b": [], "after": []}
+    engine.start()
+    try:
+        for session_id in ("a", "b"):
+            engine.add_session(session_id, events[session_id].append)
+            engine.add_audio(session_id, noise(3.0, seed=len(session_id)))
+        deadline = time.monotonic() + 60
+        while not (ended(events["a"]) and ended(events["b"])) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert events["a"][-1].code == events["b"][-1].code == "processing_error"
+        engine.add_session("after", events["after"].append)
+        engine.add_audio("after", audio)
+        engine.finish_input("after")
+        while not ended(events["after"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        engine.stop()
+    assert isinstance(events["after"][-1], Done)
+    assert events["after"][-1].text == reference_text(path, reference_tokens(path, audio))
+    assert_nothing_held(engine)

@@ -56,7 +56,6 @@ class VoxtralModel:
             self.processor = AutoProcessor.from_pretrained(path, local_files_only=True)
         except Exception as exc:  # transformers raises many kinds for a bad file; all mean the same here
             raise WeightsError(f"malformed checkpoint {path}: {exc}") from exc
-        self.path = path
         self.model = model.to(device).eval()
         self.device, self.dtype = device, dtype
         self.num_slots = num_slots
@@ -74,8 +73,8 @@ class VoxtralModel:
         self.audio_config = audio_encoder.audio_config
         self.prompt_ids = mistral.instruct_tokenizer.start() + audio_encoder.encode_streaming_tokens()
         self.left_pad_samples = self.audio_config.n_left_pad_tokens * self.samples_per_position
-        self.eos_id = mistral.instruct_tokenizer.tokenizer.eos_id
         self.tekken = mistral.instruct_tokenizer.tokenizer
+        self.eos_id = self.tekken.eos_id
 
         self._prompt = torch.tensor(self.prompt_ids, device=device)
         self.last_token = torch.zeros(num_slots, dtype=torch.long, device=device)
