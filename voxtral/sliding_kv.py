@@ -27,6 +27,7 @@ class Rows:
     flat_rows: torch.Tensor  # (N,) row of each real entry
     flat_cols: torch.Tensor  # (N,) column of each real entry
     end: int  # 1 + the largest real position: how much of a young ring is in use
+    first_slot: int | None  # set when the rows' slots are first_slot, first_slot + 1, ...: no gather
 
     @classmethod
     def build(cls, slots: list[int], starts: list[int], lengths: list[int], device: torch.device) -> "Rows":
@@ -42,7 +43,9 @@ class Rows:
             np.concatenate([np.arange(n) for n in lengths]),
         )
         end = max(s + n for s, n in zip(starts, lengths, strict=True))
-        return cls(*(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays), end=end)
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        tensors = (torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)
+        return cls(*tensors, end=end, first_slot=slots[0] if contiguous else None)
 
 
 @dataclass
@@ -101,8 +104,13 @@ class SlidingKV:
         slots = rows.slots[rows.flat_rows]
         self.keys[layer, slots, :, step.cells] = k.transpose(1, 2)[rows.flat_rows, rows.flat_cols]
         self.values[layer, slots, :, step.cells] = v.transpose(1, 2)[rows.flat_rows, rows.flat_cols]
-        keys = self.keys[layer, rows.slots, :, : step.width]
-        values = self.values[layer, rows.slots, :, : step.width]
+        if rows.first_slot is None:  # gather: a copy of every row's ring
+            keys = self.keys[layer, rows.slots, :, : step.width]
+            values = self.values[layer, rows.slots, :, : step.width]
+        else:  # a view of the rings in place
+            batch = slice(rows.first_slot, rows.first_slot + len(rows.lengths))
+            keys = self.keys[layer, batch, :, : step.width]
+            values = self.values[layer, batch, :, : step.width]
         return F.scaled_dot_product_attention(
             q, keys, values, attn_mask=step.mask, scale=scale, enable_gqa=True
         )

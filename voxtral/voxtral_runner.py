@@ -64,7 +64,9 @@ class VoxtralRunner:
         self.samples_per_position = model.samples_per_position
         self.leading_silence_samples = model.left_pad_samples
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> audio embedding (worker-side)
-        self._free_slots: queue.Queue[int] = queue.Queue()
+        # Lowest slot first: live sessions stay packed at the front, so a step's rows are
+        # usually a contiguous run of slots and attention reads the rings in place.
+        self._free_slots: queue.PriorityQueue[int] = queue.PriorityQueue()
         for slot in range(model.num_slots):
             self._free_slots.put(slot)
 
@@ -122,6 +124,10 @@ class VoxtralRunner:
         return self._worker.submit(self._run, self._prepare(out, streams))
 
     def _prepare(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> _Step:
+        def slot(request_id: str) -> int:
+            return streams[request_id].family_state.slot
+
+        # Rows go in slot order: live slots are packed, so that is usually a contiguous run.
         by_request: dict[str, list[int]] = {}
         requests: dict[str, Request] = {}
         for request, input_id in out.encoder_inputs:
@@ -129,9 +135,9 @@ class VoxtralRunner:
             requests[request.request_id] = request
         slots, starts, lengths, runs, encode_hashes = [], [], [], [], []
         frames_per_position = self.model.downsample
-        for request_id, input_ids in by_request.items():
+        for request_id, input_ids in sorted(by_request.items(), key=lambda kv: slot(kv[0])):
             items = [requests[request_id].items[i] for i in sorted(input_ids)]
-            slots.append(streams[request_id].family_state.slot)
+            slots.append(slot(request_id))
             starts.append(items[0].offset * frames_per_position)
             lengths.append(len(items) * frames_per_position)
             runs.append(items)
@@ -141,31 +147,32 @@ class VoxtralRunner:
             encode_frames = Rows.build(slots, starts, lengths, self.device)
             encode_mels = self._batch_features(runs).to(self.device, non_blocking=True)
 
-        step_streams = [streams[s.request.request_id] for s in out.scheduled]
+        scheduled = sorted(out.scheduled, key=lambda s: slot(s.request.request_id))
+        step_streams = [streams[s.request.request_id] for s in scheduled]
         decode_slots = [stream.family_state.slot for stream in step_streams]
         samples = []
-        for s in out.scheduled:
+        for s in scheduled:
             samples.append(s.end >= self.model.num_prompt)
             if samples[-1]:
                 s.request.append_placeholders(1)
         return _Step(
             freed=out.freed_mm_hashes,
-            new_slots=[slot for slot, s in zip(decode_slots, out.scheduled, strict=True) if s.start == 0],
+            new_slots=[slot for slot, s in zip(decode_slots, scheduled, strict=True) if s.start == 0],
             encode_frames=encode_frames,
             encode_mels=encode_mels,
             encode_hashes=encode_hashes,
             decode_rows=Rows.build(
                 decode_slots,
-                [s.start for s in out.scheduled],
-                [s.num_positions for s in out.scheduled],
+                [s.start for s in scheduled],
+                [s.num_positions for s in scheduled],
                 self.device,
             ),
             decode_hashes=[
-                [s.request.items[i].mm_hash for i in range(s.item_lo, s.item_hi)] for s in out.scheduled
+                [s.request.items[i].mm_hash for i in range(s.item_lo, s.item_hi)] for s in scheduled
             ],
             streams=step_streams,
             samples=samples,
-            final=[s.final for s in out.scheduled],
+            final=[s.final for s in scheduled],
         )
 
     def _batch_features(self, runs: list[list[AudioItem]]) -> torch.Tensor:
