@@ -109,3 +109,44 @@ def test_session_without_audio_is_skipped_and_cache_freed_after_compute():
 def test_cache_smaller_than_encoder_budget_rejected():
     with pytest.raises(ValueError):
         Scheduler(SchedulerConfig(max_encoder_rows_per_step=100, encoder_cache_rows=50))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    num_prompt=st.integers(1, 12),
+    arrivals=st.lists(st.integers(0, 9), min_size=1, max_size=30),
+    budget=st.integers(1, 40),
+)
+def test_a_prompt_runs_in_chunks_that_never_cross_it_then_one_position_per_step(num_prompt, arrivals, budget):
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_positions_per_step=budget,
+            max_encoder_rows_per_step=40,
+            encoder_cache_rows=80,
+            max_positions_per_request=1,
+            keep_unreferenced_encoder_outputs=False,
+        )
+    )
+    request = Request("s", num_prompt=num_prompt)
+    scheduler.add_request(request)
+    for i, n in enumerate(arrivals):
+        for _ in range(n):
+            request.add_item(
+                AudioItem(PlaceholderRange(request.num_available, 1), f"s#{request.num_available}")
+            )
+        request.input_finished = i == len(arrivals) - 1
+        for s in scheduler.schedule().scheduled:
+            if s.start < num_prompt:  # as much of the prompt as is here and fits, no more
+                assert s.end == min(num_prompt, request.num_available, s.start + budget), (s.start, s.end)
+            else:
+                assert s.num_positions == 1
+            assert s.final == (request.input_finished and s.end == request.num_available)
+    assert scheduler.encoder_cache.num_used_rows <= 40  # consumed rows leave at once
+
+
+def test_drop_placeholders_leaves_the_resolved_tokens():
+    request = Request("s")
+    request.append_placeholders(3)
+    request.resolve([7])
+    request.drop_placeholders()
+    assert request.output_token_ids == [7] and request.num_placeholders == 0
