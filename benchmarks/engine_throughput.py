@@ -25,11 +25,13 @@ import numpy as np
 import torch
 from transformers import AutoProcessor, VoxtralRealtimeForConditionalGeneration
 
-from realtime.engine import Done, Engine, EngineConfig
+from clients.audio import load_audio_file
+from realtime.config import EngineConfig
+from realtime.engine import Engine
+from realtime.events import Done
 from realtime.logs import configure_logging
-from voxtral.audio import load_audio_file
+from tests.fixtures.tiny_voxtral import TinyVoxtralSpec, build_tiny_voxtral
 from voxtral.loading import load_model
-from voxtral.tiny_voxtral import TinyVoxtralSpec, build_tiny_voxtral
 
 SAMPLE = Path(__file__).resolve().parent.parent / "clients" / "samples" / "welcome.wav"
 # About 40M parameters, 33.5M of them the tied 131,072 x 256 embedding; real windows.
@@ -49,14 +51,14 @@ def run_engine(path: Path, audio: np.ndarray, sessions: int, device: str, in_fli
     loaded.runner.max_steps_in_flight = in_flight
     engine = Engine(loaded.runner, EngineConfig(max_sessions=sessions))
     events: dict[str, list] = {f"s{i}": [] for i in range(sessions)}
-    for session_id, sink in events.items():
-        engine.add_session(session_id, sink.append)
-        engine.add_audio(session_id, audio)
-        engine.finish_input(session_id)
+    # Timed from the first audio handed over, as the baseline is: features, prompt and all.
+    started = time.perf_counter()
+    for utterance_id, sink in events.items():
+        engine.add_utterance(utterance_id, sink.append)
+        engine.add_audio(utterance_id, audio)
+        engine.finish_input(utterance_id)
     engine.run_once()  # applies the commands: every session's audio is on its timeline
     requests = dict(engine.scheduler.requests)
-    started = time.perf_counter()
-    model_seconds = engine.model_seconds
     while not all(sink and isinstance(sink[-1], Done) for sink in events.values()):
         engine.run_once()
     wall = time.perf_counter() - started
@@ -65,7 +67,7 @@ def run_engine(path: Path, audio: np.ndarray, sessions: int, device: str, in_fli
         "positions_per_s": positions / wall,
         "wall_s": wall,
         "steps": engine.num_steps,
-        "outside_model_share": max(0.0, 1 - (engine.model_seconds - model_seconds) / wall),
+        "outside_model_share": max(0.0, 1 - engine.model_seconds / wall),
         "tokens": requests["s0"].output_token_ids,
     }
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from voxtral.audio import SAMPLE_RATE, load_audio_file
+from clients.audio import SAMPLE_RATE, load_audio_file
 
 SENTENCES = [
     "Good morning everyone",

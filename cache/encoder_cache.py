@@ -1,12 +1,6 @@
 """Encoder outputs by content hash, reference counted, with a per-request index."""
 
-from __future__ import annotations
-
 from collections import OrderedDict
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the scheduler owns this cache; a runtime import would be circular
-    from scheduler.request import Request
 
 
 class EncoderCacheManager:
@@ -17,6 +11,8 @@ class EncoderCacheManager:
     and are evicted least-recently-freed first, only when room is needed, unless
     `keep_unreferenced` is off: a family whose outputs depend on the session's history
     can never reuse them, so they go as soon as the last reference does.
+
+    It knows requests and inputs by plain ids only: the scheduler owns the requests.
     """
 
     def __init__(self, capacity_rows: int, keep_unreferenced: bool = True) -> None:
@@ -27,40 +23,49 @@ class EncoderCacheManager:
         self.num_rows: dict[str, int] = {}
         self.refs: dict[str, set[tuple[str, int]]] = {}
         self.freeable: OrderedDict[str, int] = OrderedDict()
-        self.input_ids_by_request: dict[str, set[int]] = {}
+        # request_id -> {input_id: mm_hash}: what a request references, found in O(1)
+        self.input_ids_by_request: dict[str, dict[int, str]] = {}
         self.freed: list[str] = []
 
     @property
     def num_used_rows(self) -> int:
         return self.capacity_rows - self.num_free_rows
 
-    def _ref(self, request: Request, input_id: int, mm_hash: str) -> None:
-        self.refs[mm_hash].add((request.request_id, input_id))
-        self.input_ids_by_request.setdefault(request.request_id, set()).add(input_id)
+    @property
+    def num_referenced_rows(self) -> int:
+        return self.capacity_rows - self.num_freeable_rows
 
-    def check_and_update_cache(self, request: Request, input_id: int) -> bool:
+    def _ref(self, request_id: str, input_id: int, mm_hash: str) -> None:
+        self.refs[mm_hash].add((request_id, input_id))
+        self.input_ids_by_request.setdefault(request_id, {})[input_id] = mm_hash
+
+    def _unindex(self, request_id: str, input_id: int) -> str | None:
+        ids = self.input_ids_by_request.get(request_id)
+        if ids is None:
+            return None
+        mm_hash = ids.pop(input_id, None)
+        if not ids:
+            del self.input_ids_by_request[request_id]
+        return mm_hash
+
+    def check_and_update_cache(self, request_id: str, input_id: int, mm_hash: str) -> bool:
         """True if the input's output is resident (or allocated this step); takes a reference."""
-        mm_hash = request.items[input_id].mm_hash
         if mm_hash not in self.refs:
             return False
         if not self.refs[mm_hash]:
             self.num_freeable_rows -= self.freeable.pop(mm_hash)
-        self._ref(request, input_id, mm_hash)
+        self._ref(request_id, input_id, mm_hash)
         return True
 
-    def can_allocate(
-        self, request: Request, input_id: int, encoder_budget: int, num_rows_to_schedule: int
-    ) -> bool:
-        """Whether the input fits the step's encoder budget and the cache, evicting if needed."""
-        num_rows = request.items[input_id].num_embeds
+    def can_allocate(self, num_rows: int, encoder_budget: int) -> bool:
+        """Whether `num_rows` fit the step's encoder budget and the cache, evicting if needed."""
         if num_rows > encoder_budget:
             return False
-        needed = num_rows + num_rows_to_schedule
-        if needed <= self.num_free_rows:
+        if num_rows <= self.num_free_rows:
             return True
-        if needed > self.num_freeable_rows:
+        if num_rows > self.num_freeable_rows:
             return False
-        while self.num_free_rows < needed:
+        while self.num_free_rows < num_rows:
             mm_hash, rows = self.freeable.popitem(last=False)
             del self.refs[mm_hash]
             del self.num_rows[mm_hash]
@@ -68,30 +73,23 @@ class EncoderCacheManager:
             self.num_free_rows += rows
         return True
 
-    def allocate(self, request: Request, input_id: int) -> None:
-        item = request.items[input_id]
-        rows = item.num_embeds
-        self.refs[item.mm_hash] = set()
-        self.num_rows[item.mm_hash] = rows
-        self._ref(request, input_id, item.mm_hash)
-        self.num_free_rows -= rows
-        self.num_freeable_rows -= rows
+    def allocate(self, request_id: str, input_id: int, mm_hash: str, num_rows: int) -> None:
+        self.refs[mm_hash] = set()
+        self.num_rows[mm_hash] = num_rows
+        self._ref(request_id, input_id, mm_hash)
+        self.num_free_rows -= num_rows
+        self.num_freeable_rows -= num_rows
 
-    def get_cached_input_ids(self, request: Request) -> set[int]:
-        return self.input_ids_by_request.get(request.request_id, set())
+    def get_cached_input_ids(self, request_id: str) -> set[int]:
+        return set(self.input_ids_by_request.get(request_id, ()))
 
-    def free_encoder_input(self, request: Request, input_id: int) -> None:
-        # The index goes first: the entry itself may already be gone (evicted or never allocated).
-        ids = self.input_ids_by_request.get(request.request_id)
-        if ids is not None:
-            ids.discard(input_id)
-            if not ids:
-                del self.input_ids_by_request[request.request_id]
-        mm_hash = request.items[input_id].mm_hash
-        refs = self.refs.get(mm_hash)
+    def free_encoder_input(self, request_id: str, input_id: int) -> None:
+        # The index goes first: the entry itself may already be gone (evicted or discarded).
+        mm_hash = self._unindex(request_id, input_id)
+        refs = self.refs.get(mm_hash) if mm_hash is not None else None
         if refs is None:
             return
-        refs.discard((request.request_id, input_id))
+        refs.discard((request_id, input_id))
         if refs or mm_hash in self.freeable:
             return
         rows = self.num_rows[mm_hash]
@@ -104,10 +102,10 @@ class EncoderCacheManager:
             self.num_free_rows += rows
             self.freed.append(mm_hash)
 
-    def free(self, request: Request) -> None:
+    def free(self, request_id: str) -> None:
         """Drop every reference the request holds; its entries become evictable."""
-        for input_id in list(self.get_cached_input_ids(request)):
-            self.free_encoder_input(request, input_id)
+        for input_id in self.get_cached_input_ids(request_id):
+            self.free_encoder_input(request_id, input_id)
 
     def discard(self, mm_hash: str) -> None:
         """Forget an entry whose encoder output was never produced (its step failed)."""
@@ -115,11 +113,7 @@ class EncoderCacheManager:
         if refs is None:
             return
         for request_id, input_id in refs:
-            ids = self.input_ids_by_request.get(request_id)
-            if ids is not None:
-                ids.discard(input_id)
-                if not ids:
-                    del self.input_ids_by_request[request_id]
+            self._unindex(request_id, input_id)
         rows = self.num_rows.pop(mm_hash)
         if self.freeable.pop(mm_hash, None) is None:
             self.num_freeable_rows += rows  # it was referenced: not yet counted as freeable

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 
-from voxtral.audio import SAMPLE_RATE, float32_to_pcm16
+from clients.audio import SAMPLE_RATE, float32_to_pcm16
 
 # Error codes after which the server sends no `transcription.done` for the utterance.
 UTTERANCE_ENDING_ERRORS = {"session_too_long", "processing_error", "slow_consumer"}
@@ -29,6 +29,7 @@ class Utterance:
     text: str = ""
     deltas: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, delta)
     done: dict | None = None
+    done_at: float | None = None  # seconds since start when `transcription.done` arrived
     errors: list[dict] = field(default_factory=list)
 
 
@@ -85,7 +86,7 @@ async def stream_utterance(
                 result.deltas.append((time.monotonic() - started, event["delta"]))
                 result.text += event["delta"]
             elif kind == "transcription.done":
-                result.done = event
+                result.done, result.done_at = event, time.monotonic() - started
                 result.text = event["text"]
                 break
             elif kind == "error":

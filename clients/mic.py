@@ -10,9 +10,9 @@ import time
 import numpy as np
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
+from clients.audio import SAMPLE_RATE, load_audio_file
 from clients.connection import ServerError, commit, open_connection, send_audio
 from clients.stream import DEFAULT_URL, EXIT_CONNECTION, EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE
-from voxtral.audio import SAMPLE_RATE, load_audio_file
 
 CHUNK = SAMPLE_RATE // 10  # 100 ms
 PORTAUDIO_HINT = (
@@ -140,12 +140,6 @@ async def _run(args: argparse.Namespace, sd) -> int:
     if final_text is not None:
         print(("\r\x1b[K" if display.tty else "\n") + final_text, flush=True)
     return status
-
-
-def main_for_test(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:

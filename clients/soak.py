@@ -15,9 +15,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import WebSocketException
 
+from clients.audio import load_audio_file
 from clients.connection import open_connection, stream_utterance
 from clients.stream import DEFAULT_URL
-from voxtral.audio import load_audio_file
 
 SAMPLE = Path(__file__).resolve().parent / "samples" / "welcome.wav"
 
@@ -116,6 +116,12 @@ async def worker(
             await asyncio.sleep(1.0)
 
 
+def rss_growth_mb(samples: list[dict], warmup_until: float) -> float:
+    """RSS at the end less RSS at the end of the warm-up."""
+    after_warmup = [s["rss_mb"] for s in samples if s["t"] >= warmup_until] or [samples[-1]["rss_mb"]]
+    return after_warmup[-1] - after_warmup[0]
+
+
 def rss_slope_mb_per_hour(samples: list[dict], warmup_until: float) -> float:
     points = [(s["t"], s["rss_mb"]) for s in samples if s["t"] >= warmup_until]
     if len(points) < 3:
@@ -147,7 +153,7 @@ async def soak(args: argparse.Namespace) -> dict:
             {
                 "t": round(t, 2),
                 "rss_mb": round(now.get("process_resident_memory_bytes", 0) / 2**20, 2),
-                "sessions": now.get("voxrt_sessions_active", 0),
+                "sessions": now.get("voxrt_utterances_active", 0),
                 "encoder_cache_rows": now.get("voxrt_encoder_cache_rows", 0),
                 "feature_cache_hits": now.get("voxrt_feature_cache_hits_total", 0),
                 "feature_cache_queries": now.get("voxrt_feature_cache_queries_total", 0),
@@ -158,7 +164,7 @@ async def soak(args: argparse.Namespace) -> dict:
         if bar is not None:
             bar.n = min(int(t), int(args.duration))
             bar.set_postfix(
-                sessions=int(now.get("voxrt_sessions_active", 0)), errors=sum(state.errors.values())
+                sessions=int(now.get("voxrt_utterances_active", 0)), errors=sum(state.errors.values())
             )
             bar.refresh()
     await asyncio.gather(*workers)
@@ -168,13 +174,12 @@ async def soak(args: argparse.Namespace) -> dict:
     end = scrape(http_base)
     for _ in range(100):
         # KV slots come back once the device worker has run the release.
-        names = ("voxrt_sessions_active", "voxrt_engine_sessions", "voxrt_kv_slots_used")
+        names = ("voxrt_utterances_active", "voxrt_engine_utterances", "voxrt_kv_slots_used")
         if all(end.get(name, 0) == 0 for name in names):
             break
         await asyncio.sleep(0.2)
         end = scrape(http_base)
     warmup_until = args.duration * args.warmup
-    after_warmup = [s["rss_mb"] for s in samples if s["t"] >= warmup_until] or [samples[-1]["rss_mb"]]
     quantiles = {q: histogram_quantile(first, end, q) for q in (0.5, 0.95, 0.99)}
     return {
         "url": args.url,
@@ -195,7 +200,7 @@ async def soak(args: argparse.Namespace) -> dict:
             "start": samples[0]["rss_mb"] if samples else None,
             "end": round(end["process_resident_memory_bytes"] / 2**20, 2),
         },
-        "rss_growth_after_warmup_mb": round(after_warmup[-1] - after_warmup[0], 2),
+        "rss_growth_after_warmup_mb": round(rss_growth_mb(samples, warmup_until), 2),
         "rss_slope_mb_per_hour": round(rss_slope_mb_per_hour(samples, warmup_until), 2),
         "encoder_cache_rows_after": end.get("voxrt_encoder_cache_rows", 0),
         "kv_slots_after": end.get("voxrt_kv_slots_used", 0),

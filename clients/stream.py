@@ -8,8 +8,8 @@ import sys
 import soundfile
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
+from clients.audio import load_audio_file
 from clients.connection import ServerError, open_connection, stream_utterance
-from voxtral.audio import load_audio_file
 
 EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"

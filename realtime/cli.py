@@ -35,13 +35,13 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=os.environ.get("VOXRT_API_KEY"), help="or env VOXRT_API_KEY")
     parser.add_argument("--drain-seconds", type=float, default=10.0)
     parser.add_argument("--outbox-events", type=int, default=256, help="events queued per slow client")
-    parser.add_argument("--test-leak", action="store_true", help=argparse.SUPPRESS)
 
 
 def build_server(args: argparse.Namespace):
     import torch
 
-    from realtime.engine import Engine, EngineConfig
+    from realtime.config import EngineConfig
+    from realtime.engine import Engine
     from realtime.server import RealtimeServer, ServerConfig
     from voxtral.loading import load_model
 
@@ -49,7 +49,7 @@ def build_server(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, args.device, args.dtype, args.max_sessions)
     engine_config = EngineConfig(max_sessions=args.max_sessions, max_session_seconds=args.max_session_seconds)
-    engine = Engine(loaded.runner, engine_config, leak_on_free=args.test_leak)
+    engine = Engine(loaded.runner, engine_config)
     server_config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -65,13 +65,12 @@ def build_server(args: argparse.Namespace):
 
 
 def _serve(args: argparse.Namespace) -> int:
-    asyncio.run(build_server(args).serve_until_signal())
-    return 0
+    return asyncio.run(build_server(args).serve_until_signal())
 
 
 async def _demo(args: argparse.Namespace) -> int:
+    from clients.audio import load_audio_file
     from clients.connection import open_connection, stream_utterance
-    from voxtral.audio import load_audio_file
 
     args.port, args.host = 0, "127.0.0.1"
     server = build_server(args)
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     configure_logging(getattr(args, "log_level", "warning") if args.command not in clients else "warning")
-    from voxtral.whisper_weights import WeightsError
+    from voxtral.errors import WeightsError
 
     try:
         if args.command == "serve":

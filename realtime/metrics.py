@@ -15,7 +15,7 @@ class _EngineCollector:
     def collect(self):
         stats = self.engine.stats()
         gauges = {
-            "voxrt_engine_sessions": ("sessions inside the engine", stats.active_sessions),
+            "voxrt_engine_utterances": ("utterances inside the engine", stats.utterances),
             "voxrt_encoder_cache_rows": (
                 "encoder-cache rows referenced by sessions",
                 stats.encoder_cache_rows,
@@ -26,7 +26,7 @@ class _EngineCollector:
             ),
             "voxrt_encoder_cache_capacity_rows": ("encoder-cache capacity", stats.encoder_cache_capacity),
             "voxrt_feature_cache_bytes": ("feature-cache bytes held", stats.feature_cache_bytes),
-            "voxrt_kv_slots_used": ("sessions holding per-session KV state", stats.kv_slots_used),
+            "voxrt_kv_slots_used": ("utterances holding per-utterance KV state", stats.kv_slots_used),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
@@ -50,8 +50,8 @@ class Metrics:
         ProcessCollector(registry=r)
         r.register(_EngineCollector(engine))
         self.connections_active = Gauge("voxrt_connections_active", "open WebSocket connections", registry=r)
-        self.sessions_active = Gauge("voxrt_sessions_active", "utterances being transcribed", registry=r)
-        self.sessions_total = Counter("voxrt_sessions", "utterances started", registry=r)
+        self.utterances_active = Gauge("voxrt_utterances_active", "utterances being transcribed", registry=r)
+        self.utterances_total = Counter("voxrt_utterances", "utterances started", registry=r)
         self.audio_seconds = Counter("voxrt_audio_seconds", "audio received, in seconds", registry=r)
         self.deltas = Counter("voxrt_deltas", "transcription.delta events sent", registry=r)
         self.errors = Counter("voxrt_errors", "error events and refusals, by code", ["code"], registry=r)
@@ -66,7 +66,7 @@ class Metrics:
         )
         self.delta_latency_seconds = Histogram(
             "voxrt_delta_latency_seconds",
-            "from the arrival of the newest audio a step read to the delta it produced",
+            "from the arrival of the audio a delta's text came from to the delta",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -1,6 +1,7 @@
 """The WebSocket server: `/v1/realtime`, `/health`, `/metrics` on one port, with a graceful drain."""
 
 import asyncio
+import contextlib
 import hmac
 import json
 import signal
@@ -12,14 +13,15 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from realtime import protocol
+from realtime.connection import Connection, ConnectionLimits
 from realtime.engine import Engine
 from realtime.metrics import Metrics
-from realtime.session import ClientSession, SessionLimits
+from realtime.protocols import vllm as protocol
 
 log = structlog.get_logger("voxrt.server")
 
 REALTIME_PATH = "/v1/realtime"
+ENGINE_CHECK_SECONDS = 1.0
 
 
 @dataclass
@@ -39,8 +41,8 @@ class RealtimeServer:
         self.config = config
         self.metrics = Metrics(engine)
         self.model_label = model_label
-        self.limits = SessionLimits(config.outbox_events, frozenset(model_names))
-        self.sessions: set[ClientSession] = set()
+        self.limits = ConnectionLimits(config.outbox_events, frozenset(model_names))
+        self.connections: set[Connection] = set()
         self.draining = False
         self.server: Server | None = None
         self.port: int | None = None
@@ -65,14 +67,15 @@ class RealtimeServer:
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == "/health":
-            stats = self.engine.stats()
+            status = "ok" if self.engine.alive else "engine_dead"
             body = {
-                "status": "draining" if self.draining else "ok",
+                "status": "draining" if self.draining else status,
                 "model": self.model_label,
-                "connections": len(self.sessions),
-                "engine_sessions": stats.active_sessions,
+                "connections": len(self.connections),
+                "utterances": self.engine.stats().utterances,
             }
-            return self._respond(connection, HTTPStatus.OK, json.dumps(body) + "\n", "application/json")
+            code = HTTPStatus.OK if self.engine.alive else HTTPStatus.SERVICE_UNAVAILABLE
+            return self._respond(connection, code, json.dumps(body) + "\n", "application/json")
         if path == "/metrics":
             return self._respond(
                 connection, HTTPStatus.OK, self.metrics.render().decode(), "text/plain; version=0.0.4"
@@ -87,7 +90,7 @@ class RealtimeServer:
             return self._refuse(
                 connection, HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"
             )
-        if len(self.sessions) >= self.config.max_sessions:
+        if len(self.connections) >= self.config.max_sessions:
             return self._refuse(
                 connection,
                 HTTPStatus.SERVICE_UNAVAILABLE,
@@ -96,15 +99,15 @@ class RealtimeServer:
             )
         return None
 
-    async def _handle(self, connection: ServerConnection) -> None:
-        session_id, created = protocol.session_created()
-        session = ClientSession(connection, self.engine, self.metrics, self.limits, session_id)
-        self.sessions.add(session)
+    async def _handle(self, websocket: ServerConnection) -> None:
+        connection_id, created = protocol.session_created()
+        connection = Connection(websocket, self.engine, self.metrics, self.limits, connection_id)
+        self.connections.add(connection)
         self.metrics.connections_active.inc()
         try:
-            await session.run(created)
+            await connection.run(created)
         finally:
-            self.sessions.discard(session)
+            self.connections.discard(connection)
             self.metrics.connections_active.dec()
 
     async def start(self) -> None:
@@ -130,27 +133,36 @@ class RealtimeServer:
     async def drain_and_stop(self) -> None:
         """Stop accepting, let running utterances finish up to `drain_seconds`, close with 1001."""
         self.draining = True
-        log.info("server.draining", sessions=len(self.sessions), seconds=self.config.drain_seconds)
+        log.info("server.draining", connections=len(self.connections), seconds=self.config.drain_seconds)
         if self.server is not None:
             self.server.close(close_connections=False)
-        for session in list(self.sessions):
-            session.finish_input()
-        waits = [s.idle.wait() for s in self.sessions]
-        if waits:
+        for connection in list(self.connections):
+            connection.finish_input()
+        waits = [c.idle.wait() for c in self.connections]
+        if waits and self.engine.alive:
             await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=self.config.drain_seconds)
         await asyncio.sleep(0.05)  # let the outboxes hand the last events to the sockets
-        for session in list(self.sessions):
-            await session.connection.close(1001, "server shutting down")
+        for connection in list(self.connections):
+            await connection.websocket.close(1001, "server shutting down")
         if self.server is not None:
             await self.server.wait_closed()
         self.engine.stop()
         log.info("server.stopped")
 
-    async def serve_until_signal(self) -> None:
-        await self.start()
+    async def serve_until_signal(self) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        return await self.serve(stop)
+
+    async def serve(self, stop: asyncio.Event) -> int:
+        """Serve until `stop` is set (exit status 0) or the engine thread dies (1), then drain."""
+        await self.start()
+        while self.engine.alive and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), ENGINE_CHECK_SECONDS)
+        if not self.engine.alive:
+            log.critical("server.engine_dead", action="exit 1 so that a supervisor restarts the process")
         await self.drain_and_stop()
+        return 0 if self.engine.alive or stop.is_set() else 1

@@ -58,12 +58,14 @@ class AudioItem:
     """One chunk of encoder input: where it sits, its identity in the caches, its features.
 
     `features` always stays the CPU tensor, so moving a copy to the device never needs a
-    device -> host copy when the cache offloads it.
+    device -> host copy when the cache offloads it. `arrived_at` (monotonic seconds) is
+    when its last sample reached the server: an output's latency is measured from it.
     """
 
     placeholder: PlaceholderRange
     mm_hash: str
     features: torch.Tensor | None = field(default=None, repr=False)
+    arrived_at: float = 0.0
 
     @property
     def offset(self) -> int:

@@ -1,9 +1,9 @@
-"""A session's timeline: its audio items, how far it is computed, and its output tokens."""
+"""An utterance's timeline: its audio items, how far it is computed, and its output tokens."""
 
 import enum
 from dataclasses import dataclass, field
 
-from scheduler.items import AudioItem, append_item
+from scheduler.items import AudioItem, append_item, get_items_in_window
 
 PLACEHOLDER = -1
 
@@ -18,12 +18,17 @@ class RequestStatus(enum.Enum):
 class Request:
     """Positions `[0, num_computed)` are done; audio covers `[0, num_available)`.
 
+    Input ids are absolute: `items[i]` is input `num_items_dropped + i`. Items ending at
+    or before the release position are compacted away (`compact`), so an utterance of
+    hours holds only the items its family still reads.
+
     Sampled tokens are appended as `PLACEHOLDER`s when a step is launched and filled
     in when the device returns them; placeholders are always a suffix of the output.
     """
 
     request_id: str
     items: list[AudioItem] = field(default_factory=list)
+    num_items_dropped: int = 0
     num_computed: int = 0
     num_available: int = 0
     input_finished: bool = False
@@ -53,9 +58,29 @@ class Request:
             return self.num_computed
         return min(self.num_computed, self.retain_from)
 
+    @property
+    def num_items(self) -> int:
+        """Items ever added: the next item's input id."""
+        return self.num_items_dropped + len(self.items)
+
+    def item(self, input_id: int) -> AudioItem:
+        return self.items[input_id - self.num_items_dropped]
+
+    def input_ids_in_window(self, start: int, end: int) -> range:
+        """Input ids of the items overlapping positions `[start, end)`: two bisects."""
+        lo, hi = get_items_in_window(self.items, start, end)
+        return range(self.num_items_dropped + lo, self.num_items_dropped + hi)
+
     def add_item(self, item: AudioItem) -> None:
         append_item(self.items, item)
         self.num_available = max(self.num_available, item.end)
+
+    def compact(self) -> None:
+        """Drop the released items once they are half the list: amortized O(1) per item."""
+        released, _ = get_items_in_window(self.items, self.release_position, self.release_position + 1)
+        if released and 2 * released >= len(self.items):
+            del self.items[:released]
+            self.num_items_dropped += released
 
     def append_placeholders(self, n: int) -> None:
         self.output_token_ids.extend([PLACEHOLDER] * n)
@@ -68,13 +93,14 @@ class Request:
             i -= 1
         return i
 
-    def resolve(self, sampled_ids: list[int]) -> None:
-        """Fill the oldest placeholders with tokens the device returned, in order."""
+    def resolve(self, sampled_ids: list[int]) -> int:
+        """Fill the oldest placeholders with tokens the device returned, in order; their index."""
         if len(sampled_ids) > self.num_placeholders:
             raise ValueError(f"{len(sampled_ids)} tokens for {self.num_placeholders} placeholders")
         start = self.first_placeholder_index()
         self.output_token_ids[start : start + len(sampled_ids)] = sampled_ids
         self.num_placeholders -= len(sampled_ids)
+        return start
 
     def drop_placeholders(self) -> None:
         """The request ended with steps in flight: their tokens will never be taken."""

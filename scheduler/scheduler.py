@@ -3,13 +3,13 @@
 from dataclasses import dataclass, field
 
 from cache.encoder_cache import EncoderCacheManager
-from scheduler.items import get_items_in_window
+from scheduler.items import AudioItem
 from scheduler.request import Request, RequestStatus
 
 
 @dataclass
 class ScheduledRequest:
-    """Positions `[start, end)` of `request` run this step; they use items `[item_lo, item_hi)`."""
+    """Positions `[start, end)` of `request` run this step; they use input ids `[item_lo, item_hi)`."""
 
     request: Request
     start: int
@@ -26,8 +26,9 @@ class ScheduledRequest:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    # (request, input_id) pairs to encode, from all sessions, in one batch.
-    encoder_inputs: list[tuple[Request, int]] = field(default_factory=list)
+    # Items to encode, from all utterances, in one batch (the item, not its index: a
+    # request compacts its items while a step is in flight).
+    encoder_inputs: list[tuple[Request, AudioItem]] = field(default_factory=list)
     # Encoder outputs evicted from the cache; the runner drops their tensors.
     freed_mm_hashes: list[str] = field(default_factory=list)
 
@@ -37,7 +38,7 @@ class SchedulerOutput:
 
     @property
     def num_encoder_rows(self) -> int:
-        return sum(req.items[i].num_embeds for req, i in self.encoder_inputs)
+        return sum(item.num_embeds for _, item in self.encoder_inputs)
 
 
 @dataclass
@@ -56,10 +57,13 @@ class SchedulerConfig:
 class Scheduler:
     """Round-robin over running sessions under a position budget and an encoder budget.
 
-    Per session only the items overlapping its positions `[start, end)` are touched
-    (`get_items_in_window`), so a step costs the same at item 10 and item 32,768.
-    The starting session rotates every step: a session with audio is scheduled
-    within `len(requests)` steps whatever the others do.
+    Per request only the items overlapping its positions `[start, end)` are touched
+    (two bisects), so a step costs the same at item 10 and item 32,768.
+    The starting request rotates every step, and one that had audio but got nothing goes
+    first the next step. Only the position budget in its way, it is scheduled within
+    `len(requests)` steps; waiting for encoder-cache room, it also waits for the others to
+    consume the rows they hold (nobody else may allocate meanwhile, and every step
+    computes a position of theirs): within `len(requests) + encoder_cache_rows` steps.
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -83,12 +87,14 @@ class Scheduler:
         if request is None:
             return
         request.status = status
-        self.encoder_cache.free(request)
+        self.encoder_cache.free(request_id)
 
     def _free_consumed_inputs(self, request: Request) -> None:
-        for input_id in list(self.encoder_cache.get_cached_input_ids(request)):
-            if request.items[input_id].end <= request.release_position:
-                self.encoder_cache.free_encoder_input(request, input_id)
+        """Release what the previous steps consumed, then compact the items behind it."""
+        for input_id in self.encoder_cache.get_cached_input_ids(request.request_id):
+            if request.item(input_id).end <= request.release_position:
+                self.encoder_cache.free_encoder_input(request.request_id, input_id)
+        request.compact()
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -123,11 +129,11 @@ class Scheduler:
                 if first_blocked is None:
                     first_blocked = index
                 continue
-            lo, hi = get_items_in_window(request.items, start, end)
+            window = request.input_ids_in_window(start, end)
             final = request.input_finished and end == request.num_available
-            out.scheduled.append(ScheduledRequest(request, start, end, lo, hi, final))
-            out.encoder_inputs.extend((request, i) for i in inputs)
-            encoder_left = max(0, encoder_left - sum(request.items[i].num_embeds for i in inputs))
+            out.scheduled.append(ScheduledRequest(request, start, end, window.start, window.stop, final))
+            out.encoder_inputs.extend((request, request.item(i)) for i in inputs)
+            encoder_left = max(0, encoder_left - sum(request.item(i).num_embeds for i in inputs))
             positions_left -= end - start
             request.num_computed = end
         # A session that had audio but got nothing goes first next step: that bounds
@@ -140,17 +146,17 @@ class Scheduler:
         self, request: Request, start: int, end: int, encoder_left: int
     ) -> tuple[int, list[int]]:
         """Cut `end` back to the first item that can neither be found in the cache nor encoded."""
-        lo, hi = get_items_in_window(request.items, start, end)
+        cache, request_id = self.encoder_cache, request.request_id
         to_encode: list[int] = []
         rows_to_encode = 0
-        for input_id in range(lo, hi):
-            if self.encoder_cache.check_and_update_cache(request, input_id):
+        for input_id in request.input_ids_in_window(start, end):
+            item = request.item(input_id)
+            if cache.check_and_update_cache(request_id, input_id, item.mm_hash):
                 continue
-            # Inputs already allocated this step hold their rows: nothing more to reserve.
-            budget = encoder_left - rows_to_encode
-            if not self.encoder_cache.can_allocate(request, input_id, budget, 0):
-                return min(end, request.items[input_id].offset), to_encode
-            self.encoder_cache.allocate(request, input_id)
+            # Inputs already allocated this step hold their rows: only the new one is checked.
+            if not cache.can_allocate(item.num_embeds, encoder_left - rows_to_encode):
+                return min(end, item.offset), to_encode
+            cache.allocate(request_id, input_id, item.mm_hash, item.num_embeds)
             to_encode.append(input_id)
-            rows_to_encode += request.items[input_id].num_embeds
+            rows_to_encode += item.num_embeds
         return end, to_encode

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from voxtral.audio import load_audio_file
+from clients.audio import load_audio_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "clients" / "samples"
@@ -44,14 +44,14 @@ def espeak(text: str, path: Path, voice: str = "en-us", rate: int = 150, gap: in
 
 @pytest.fixture(scope="session")
 def whisper_dir():
-    from voxtral.whisper_weights import default_whisper_dir
+    from voxtral.whisper.weights import default_whisper_dir
 
     return default_whisper_dir()
 
 
 @pytest.fixture(scope="session")
 def whisper_model(whisper_dir):
-    from voxtral.whisper_model import WhisperModel
+    from voxtral.whisper.model import WhisperModel
 
     return WhisperModel(whisper_dir, torch.device("cpu"), torch.float32)
 
@@ -63,7 +63,7 @@ def welcome():
 
 @pytest.fixture
 def whisper_runner(whisper_model):
-    from voxtral.whisper_runner import WhisperRunner
+    from voxtral.whisper.runner import WhisperRunner
 
     return WhisperRunner(whisper_model)
 
@@ -71,8 +71,8 @@ def whisper_runner(whisper_model):
 @pytest.fixture(scope="session")
 def voxtral_dirs(tmp_path_factory):
     """The tiny random Voxtral Realtime checkpoints of `voxtral_harness.SPECS`, built once."""
+    from tests.fixtures.tiny_voxtral import build_tiny_voxtral
     from tests.voxtral_harness import SPECS
-    from voxtral.tiny_voxtral import build_tiny_voxtral
 
     root = tmp_path_factory.mktemp("voxtral")
     return {name: build_tiny_voxtral(root / name, spec) for name, spec in SPECS.items()}

@@ -10,19 +10,16 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import ClientConnection, connect
 
-from realtime.engine import Engine, EngineConfig
+from clients.audio import float32_to_pcm16
+from realtime.config import EngineConfig
+from realtime.engine import Engine
 from realtime.server import RealtimeServer, ServerConfig
-from voxtral.audio import float32_to_pcm16
 
 
 class ServerThread:
-    def __init__(
-        self, runner, config: ServerConfig, engine_config: EngineConfig | None = None, **engine_kwargs
-    ):
+    def __init__(self, runner, config: ServerConfig, engine_config: EngineConfig | None = None):
         config.port = 0
-        self.engine = Engine(
-            runner, engine_config or EngineConfig(max_sessions=config.max_sessions), **engine_kwargs
-        )
+        self.engine = Engine(runner, engine_config or EngineConfig(max_sessions=config.max_sessions))
         self.server = RealtimeServer(self.engine, config, {"whisper-tiny.en", "whisper"}, "whisper-tiny.en")
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

@@ -3,7 +3,8 @@ import pytest
 import torch
 from transformers import WhisperFeatureExtractor
 
-from voxtral.audio import RIGHT_CONTEXT, float32_to_pcm16, normalize_log_mel, pcm16_to_float32, raw_log_mel
+from clients.audio import float32_to_pcm16
+from voxtral.audio import RIGHT_CONTEXT, normalize_log_mel, pcm16_to_float32, raw_log_mel
 
 
 def test_pcm16_round_trip_and_odd_bytes():
@@ -11,6 +12,21 @@ def test_pcm16_round_trip_and_odd_bytes():
     assert np.array_equal(pcm16_to_float32(float32_to_pcm16(samples)), samples)
     with pytest.raises(ValueError, match="even number of bytes"):
         pcm16_to_float32(b"\x00\x01\x02")
+
+
+def test_pcm16_rounds_to_the_nearest_step_and_clips_at_the_extremes():
+    step = 1 / 32768
+    samples = np.array(
+        [0.4 * step, 0.6 * step, -0.6 * step, 2.4 * step, 1.0, 1.5, 32767 * step, -1.0, -1.0 - step, -7.0],
+        np.float32,
+    )
+    codes = np.frombuffer(float32_to_pcm16(samples), "<i2")
+    assert codes.tolist() == [0, 1, -1, 2, 32767, 32767, 32767, -32768, -32768, -32768]
+    # Any value comes back within half a step, or clipped to the range.
+    rng = np.random.default_rng(0)
+    values = rng.uniform(-1.2, 1.2, 10_000).astype(np.float32)
+    back = pcm16_to_float32(float32_to_pcm16(values))
+    assert np.all(np.abs(back - np.clip(values, -1.0, 32767 * step)) <= step / 2 + 1e-7)
 
 
 def test_itemwise_log_mel_equals_whisper_features(welcome):

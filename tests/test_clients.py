@@ -1,5 +1,6 @@
 """The clients as subprocesses against a real server on an ephemeral port."""
 
+import argparse
 import json
 import signal
 import subprocess
@@ -8,11 +9,12 @@ import time
 
 import pytest
 
-from realtime.engine import EngineConfig
+from clients import mic, soak
+from realtime.config import EngineConfig
 from realtime.server import ServerConfig
 from tests.conftest import ROOT, SAMPLES, word_error_rate
 from tests.server_harness import ServerThread
-from voxtral.whisper_runner import WhisperRunner
+from voxtral.whisper.runner import WhisperRunner
 
 WELCOME = str(SAMPLES / "welcome.wav")
 
@@ -98,8 +100,6 @@ def test_mic_with_input_file_stops_cleanly_on_sigint(server, welcome):
 def test_mic_without_portaudio_gives_a_hint(monkeypatch, capsys):
     import builtins
 
-    from clients import mic
-
     real_import = builtins.__import__
 
     def no_portaudio(name, *args, **kwargs):
@@ -108,7 +108,9 @@ def test_mic_without_portaudio_gives_a_hint(monkeypatch, capsys):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_portaudio)
-    assert mic.main_for_test(["--list-devices"]) == 2
+    parser = argparse.ArgumentParser()
+    mic.add_arguments(parser)
+    assert mic.run(parser.parse_args(["--list-devices"])) == 2
     assert "libportaudio2" in capsys.readouterr().err
 
 
@@ -120,11 +122,11 @@ def test_soak_passes_on_a_healthy_server(server, tmp_path):
         "--url",
         server.url,
         "--sessions",
-        "3",
+        "2",
         "--duration",
         "24s",
         "--speed",
-        "3",
+        "1.5",
         "--churn",
         "--sample-seconds",
         "2",
@@ -142,7 +144,10 @@ def test_soak_passes_on_a_healthy_server(server, tmp_path):
 
 @pytest.mark.slow
 def test_soak_catches_a_leaking_server(whisper_model, tmp_path):
-    leaky = ServerThread(WhisperRunner(whisper_model), ServerConfig(), leak_on_free=True)
+    leaky = ServerThread(WhisperRunner(whisper_model), ServerConfig())
+    scheduler = leaky.engine.scheduler
+    # The leak under test: a finished utterance's encoder-cache references are never dropped.
+    scheduler.finish_request = lambda request_id, status: scheduler.requests.pop(request_id, None)
     try:
         result = voxrt(
             "soak",
@@ -162,3 +167,26 @@ def test_soak_catches_a_leaking_server(whisper_model, tmp_path):
         leaky.stop()
     assert result.returncode == 1
     assert "encoder-cache rows still referenced" in result.stderr
+
+
+def soak_report(rss_mb: list[float]) -> dict:
+    """What `soak` reports for a clean run whose server RSS was sampled every 10 s."""
+    samples = [{"t": 10.0 * i, "rss_mb": rss} for i, rss in enumerate(rss_mb)]
+    return {
+        "errors": {},
+        "latency_s": {"p95": 0.5},
+        "encoder_cache_rows_after": 0,
+        "kv_slots_after": 0,
+        "utterances": 10,
+        "rss_growth_after_warmup_mb": soak.rss_growth_mb(samples, warmup_until=20.0),
+    }
+
+
+def test_soak_fails_a_server_whose_memory_grows_and_passes_one_that_holds_flat():
+    args = argparse.Namespace(max_p95_latency=3.0, max_rss_growth=200.0)
+    # Loading grows RSS during warm-up; that is not a leak.
+    flat = soak_report([300, 700, 760, 762, 761, 763, 760, 762])
+    assert soak.verdict(flat, args) == []
+    leaking = soak_report([300, 700, 760, 820, 880, 940, 1000, 1060])
+    failures = soak.verdict(leaking, args)
+    assert len(failures) == 1 and "RSS grew 300 MB after warm-up" in failures[0]

@@ -34,10 +34,10 @@ class EncoderCacheMachine(RuleBasedStateMachine):
         request = data.draw(st.sampled_from(sorted(self.requests.values(), key=lambda r: r.request_id)))
         input_id = data.draw(st.integers(0, len(request.items) - 1))
         mm_hash = request.items[input_id].mm_hash
-        if self.cache.check_and_update_cache(request, input_id):
+        if self.cache.check_and_update_cache(request.request_id, input_id, mm_hash):
             assert mm_hash in self.cache.refs
-        elif self.cache.can_allocate(request, input_id, encoder_budget=100, num_rows_to_schedule=0):
-            self.cache.allocate(request, input_id)
+        elif self.cache.can_allocate(ROWS[mm_hash], encoder_budget=100):
+            self.cache.allocate(request.request_id, input_id, mm_hash, ROWS[mm_hash])
         else:
             return
         self.model_refs.setdefault(mm_hash, set()).add((request.request_id, input_id))
@@ -47,14 +47,14 @@ class EncoderCacheMachine(RuleBasedStateMachine):
     def free_input(self, data):
         request = data.draw(st.sampled_from(sorted(self.requests.values(), key=lambda r: r.request_id)))
         input_id = data.draw(st.integers(0, len(request.items) - 1))
-        self.cache.free_encoder_input(request, input_id)
+        self.cache.free_encoder_input(request.request_id, input_id)
         self.model_refs.get(request.items[input_id].mm_hash, set()).discard((request.request_id, input_id))
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())
     def finish_request(self, data):
         request_id = data.draw(st.sampled_from(sorted(self.requests)))
-        self.cache.free(self.requests.pop(request_id))
+        self.cache.free(self.requests.pop(request_id).request_id)
         for refs in self.model_refs.values():
             refs -= {ref for ref in refs if ref[0] == request_id}
 
@@ -79,19 +79,21 @@ class EncoderCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def index_matches_refs(self):
-        expected: dict[str, set[int]] = {}
-        for refs in self.cache.refs.values():
+        expected: dict[str, dict[int, str]] = {}
+        for mm_hash, refs in self.cache.refs.items():
             for request_id, input_id in refs:
-                expected.setdefault(request_id, set()).add(input_id)
+                expected.setdefault(request_id, {})[input_id] = mm_hash
         assert self.cache.input_ids_by_request == expected
         for request in self.requests.values():
-            assert self.cache.get_cached_input_ids(request) == expected.get(request.request_id, set())
+            assert self.cache.get_cached_input_ids(request.request_id) == set(
+                expected.get(request.request_id, {})
+            )
 
     def teardown(self):
         if not hasattr(self, "cache"):
             return
-        for request in list(self.requests.values()):
-            self.cache.free(request)
+        for request_id in list(self.requests):
+            self.cache.free(request_id)
         assert self.cache.input_ids_by_request == {}
         assert all(not refs for refs in self.cache.refs.values())
         assert self.cache.num_freeable_rows == self.cache.capacity_rows
@@ -100,57 +102,44 @@ class EncoderCacheMachine(RuleBasedStateMachine):
 TestEncoderCache = EncoderCacheMachine.TestCase
 
 
-def _request(request_id: str, hashes: list[str]) -> Request:
-    request = Request(request_id)
-    for i, h in enumerate(hashes):
-        request.add_item(AudioItem(PlaceholderRange(i * 4, 4), h))
-    return request
-
-
 def test_duplicate_hash_in_one_request_kept_until_both_freed():
     cache = EncoderCacheManager(8)
-    request = _request("a", ["x", "x"])
-    assert not cache.check_and_update_cache(request, 0)
-    cache.allocate(request, 0)
-    assert cache.check_and_update_cache(request, 1)
-    cache.free_encoder_input(request, 0)
+    assert not cache.check_and_update_cache("a", 0, "x")
+    cache.allocate("a", 0, "x", 4)
+    assert cache.check_and_update_cache("a", 1, "x")
+    cache.free_encoder_input("a", 0)
     assert "x" not in cache.freeable
-    cache.free_encoder_input(request, 1)
+    cache.free_encoder_input("a", 1)
     assert "x" in cache.freeable and cache.input_ids_by_request == {}
 
 
 def test_free_of_evicted_entry_still_cleans_index():
     cache = EncoderCacheManager(4)
-    a, b = _request("a", ["x"]), _request("b", ["y"])
-    cache.allocate(a, 0)
-    cache.input_ids_by_request["a"].add(0)
+    cache.allocate("a", 0, "x", 4)
     del cache.refs["x"], cache.num_rows["x"]  # as if evicted behind the index's back
-    cache.free_encoder_input(a, 0)
-    assert cache.get_cached_input_ids(a) == set()
+    cache.free_encoder_input("a", 0)
+    assert cache.get_cached_input_ids("a") == set()
     assert "a" not in cache.input_ids_by_request
-    assert cache.get_cached_input_ids(b) == set() and "b" not in cache.input_ids_by_request
+    assert cache.get_cached_input_ids("b") == set() and "b" not in cache.input_ids_by_request
 
 
 def test_eviction_is_least_recently_freed_and_reported():
     cache = EncoderCacheManager(8)
-    a = _request("a", ["x", "y"])
-    cache.allocate(a, 0)
-    cache.allocate(a, 1)
-    cache.free_encoder_input(a, 1)
-    cache.free_encoder_input(a, 0)
-    b = _request("b", ["z"])
-    assert cache.can_allocate(b, 0, encoder_budget=8, num_rows_to_schedule=0)
+    cache.allocate("a", 0, "x", 4)
+    cache.allocate("a", 1, "y", 4)
+    cache.free_encoder_input("a", 1)
+    cache.free_encoder_input("a", 0)
+    assert cache.can_allocate(4, encoder_budget=8)
     assert cache.get_freed_mm_hashes() == ["y"]
     assert cache.get_freed_mm_hashes() == []
-    assert not cache.can_allocate(b, 0, encoder_budget=3, num_rows_to_schedule=0)
+    assert not cache.can_allocate(4, encoder_budget=3)
 
 
 def test_discard_forgets_a_referenced_or_freeable_entry():
     cache = EncoderCacheManager(8)
-    a = _request("a", ["x", "y"])
-    cache.allocate(a, 0)
-    cache.allocate(a, 1)
-    cache.free_encoder_input(a, 1)
+    cache.allocate("a", 0, "x", 4)
+    cache.allocate("a", 1, "y", 4)
+    cache.free_encoder_input("a", 1)
     cache.discard("x")
     cache.discard("y")
     cache.discard("never-seen")

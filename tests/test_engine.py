@@ -1,25 +1,39 @@
 """The engine driven step by step: failures, aborts and what a session leaves behind."""
 
+import gc
 import time
+import weakref
 
-from realtime.engine import Delta, Done, Engine, Failed
+import pytest
+
+from realtime.engine import Engine
+from realtime.events import Delta, Done, Failed
+from tests.conftest import word_error_rate
+
+
+def wait_for(condition, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def test_abort_mid_stream_frees_everything(whisper_runner, welcome):
     samples, _ = welcome
     engine = Engine(whisper_runner)
     events: list = []
-    engine.add_session("s", events.append)
+    engine.add_utterance("s", events.append)
     engine.add_audio("s", samples[: 16000 * 4])
     engine.run_once()
     assert engine.scheduler.encoder_cache.num_used_rows > 0
-    items = engine.scheduler.requests["s"].items
+    request = weakref.ref(engine.scheduler.requests["s"])
     engine.abort("s")
     engine.run_once()
-    assert engine.sessions == {} and engine.scheduler.requests == {}
+    assert engine.utterances == {} and engine.scheduler.requests == {}
     assert engine.stats().encoder_cache_rows == 0
     assert engine.scheduler.encoder_cache.input_ids_by_request == {}
-    assert all(item.features is None for item in items)
+    gc.collect()
+    assert request() is None, "the ended utterance's timeline (items, features) is still held"
     assert not any(isinstance(e, Done) for e in events)
 
 
@@ -27,7 +41,7 @@ def test_a_failing_step_fails_its_sessions_and_the_engine_goes_on(whisper_runner
     samples, _ = welcome
     engine = Engine(whisper_runner)
     first: list = []
-    engine.add_session("a", first.append)
+    engine.add_utterance("a", first.append)
     engine.add_audio("a", samples[: 16000 * 3])
     real_execute = whisper_runner.execute
 
@@ -43,7 +57,7 @@ def test_a_failing_step_fails_its_sessions_and_the_engine_goes_on(whisper_runner
         assert first and isinstance(first[0], Failed) and first[0].code == "processing_error"
         monkeypatch.setattr(whisper_runner, "execute", real_execute)
         second: list = []
-        engine.add_session("b", second.append)
+        engine.add_utterance("b", second.append)
         engine.add_audio("b", samples[: 16000 * 3])
         engine.finish_input("b")
         while not any(isinstance(e, Done) for e in second) and time.monotonic() < deadline + 30:
@@ -55,10 +69,10 @@ def test_a_failing_step_fails_its_sessions_and_the_engine_goes_on(whisper_runner
 
 
 def test_deltas_are_append_only_and_add_up(whisper_runner, welcome):
-    samples, _ = welcome
+    samples, text = welcome
     engine = Engine(whisper_runner)
     events: list = []
-    engine.add_session("s", events.append)
+    engine.add_utterance("s", events.append)
     for offset in range(0, len(samples), 4000):
         engine.add_audio("s", samples[offset : offset + 4000])
         engine.run_once()
@@ -67,4 +81,48 @@ def test_deltas_are_append_only_and_add_up(whisper_runner, welcome):
     deltas = [e.text for e in events if isinstance(e, Delta)]
     done = events[-1]
     assert isinstance(done, Done) and "".join(deltas) == done.text and len(deltas) >= 3
+    # The content itself, against the text that was spoken, not against the engine's own deltas.
+    assert word_error_rate(text, done.text) <= 0.15, done.text
     assert done.audio_seconds == len(samples) / 16000  # what the client sent, not the padding
+
+
+def test_a_listener_that_raises_never_stops_the_engine(whisper_runner, welcome):
+    samples, text = welcome
+    engine = Engine(whisper_runner)
+    raised: list = []
+
+    def broken(event) -> None:
+        raised.append(event)
+        raise RuntimeError("listener bug")
+
+    good: list = []
+    engine.start()
+    try:
+        engine.add_utterance("broken", broken)
+        engine.add_utterance("good", good.append)
+        for utterance_id in ("broken", "good"):
+            engine.add_audio(utterance_id, samples[: 16000 * 6])
+            engine.finish_input(utterance_id)
+        wait_for(lambda: good and isinstance(good[-1], Done | Failed))
+        assert isinstance(good[-1], Done) and word_error_rate(text, good[-1].text) < 0.6
+        assert any(isinstance(e, Done) for e in raised), "the broken listener kept getting its events"
+        assert engine.alive and engine.stats().utterances == 0
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("lag", [0.0, 2.5])
+def test_delta_latency_counts_from_the_arrival_of_the_audio(whisper_runner, welcome, lag):
+    """An engine that falls `lag` seconds behind reports `lag` more, not the time since its last step."""
+    samples, _ = welcome
+    engine = Engine(whisper_runner)
+    events: list = []
+    engine.add_utterance("s", events.append)
+    engine.add_audio("s", samples[: 16000 * 6])
+    engine.finish_input("s")
+    time.sleep(lag)  # the audio has arrived; the engine has not looked at it yet
+    while not events or not isinstance(events[-1], Done):
+        engine.run_once()
+    latencies = [e.latency for e in events if isinstance(e, Delta)]
+    assert latencies and min(latencies) >= lag
+    assert max(latencies) < lag + 20

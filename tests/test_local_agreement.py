@@ -1,8 +1,8 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from voxtral.local_agreement import LocalAgreement
-from voxtral.whisper_model import Hypothesis, Segment
+from voxtral.whisper.model import Hypothesis, Segment
+from voxtral.whisper.policy import LocalAgreement
 
 
 def hyp(*segments: tuple[float, float | None, str]) -> Hypothesis:

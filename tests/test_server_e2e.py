@@ -1,20 +1,22 @@
 """The server over a real socket, driven by the websockets client as any external client would."""
 
+import asyncio
 import json
 import socket
 import threading
 import time
+import urllib.error
 
 import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from realtime import engine as engine_module
-from realtime.engine import EngineConfig
-from realtime.server import ServerConfig
-from tests.conftest import word_error_rate
+from realtime.config import EngineConfig
+from realtime.engine import Engine
+from realtime.server import RealtimeServer, ServerConfig
+from tests.conftest import espeak, word_error_rate
 from tests.server_harness import ServerThread, append_event, events_until, expect_error, stream
-from voxtral.whisper_runner import WhisperRunner
+from voxtral.whisper.runner import WhisperRunner
 
 FIRST_SECONDS = (
     "Good morning everyone. Today we will talk about the weather in the city."  # welcome.wav[:4 s]
@@ -34,7 +36,7 @@ def wait_until_idle(server: ServerThread, timeout: float = 30) -> dict[str, floa
     deadline = time.monotonic() + timeout
     while True:
         metrics = server.metrics()
-        idle = metrics["voxrt_engine_sessions"] == 0 and metrics["voxrt_connections_active"] == 0
+        idle = metrics["voxrt_engine_utterances"] == 0 and metrics["voxrt_connections_active"] == 0
         if idle or time.monotonic() > deadline:
             return metrics
         time.sleep(0.2)
@@ -47,12 +49,20 @@ def test_happy_path_streams_deltas_before_the_final_commit(server, welcome):
         ws.send(json.dumps({"type": "session.update", "model": "whisper-tiny.en"}))
         ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         deltas_before_final = []
-        for offset in range(0, len(samples), 1600):  # 100 ms chunks, paced at 4x real time
-            ws.send(append_event(samples[offset : offset + 1600]))
-            time.sleep(0.025)
+        # Paced by the engine, not by a clock: each second of audio goes once the engine has
+        # stepped over the previous one, as when audio arrives in real time on a fast machine.
+        for offset in range(0, len(samples), 16000):
+            steps = server.metrics()["voxrt_engine_steps_total"]
+            for piece in range(offset, min(offset + 16000, len(samples)), 1600):  # 100 ms chunks
+                ws.send(append_event(samples[piece : piece + 1600]))
+            deadline = time.monotonic() + 60
+            # An item is cut once the samples its last frame looks at arrive: from the second on.
+            while offset and server.metrics()["voxrt_engine_steps_total"] == steps:
+                assert time.monotonic() < deadline, "the engine never stepped over the new audio"
+                time.sleep(0.02)
             try:
                 while True:
-                    event = json.loads(ws.recv(timeout=0))
+                    event = json.loads(ws.recv(timeout=0.05))
                     assert event["type"] == "transcription.delta", event
                     deltas_before_final.append(event["delta"])
             except TimeoutError:
@@ -71,7 +81,7 @@ def test_happy_path_streams_deltas_before_the_final_commit(server, welcome):
         assert word_error_rate(FIRST_SECONDS, second["text"]) <= 0.3, second["text"]
     metrics = wait_until_idle(server)
     assert metrics["voxrt_encoder_cache_rows"] == 0
-    assert metrics["voxrt_sessions_total"] >= 2 and metrics["voxrt_deltas_total"] >= 3
+    assert metrics["voxrt_utterances_total"] >= 2 and metrics["voxrt_deltas_total"] >= 3
     assert metrics["voxrt_time_to_first_delta_seconds_count"] >= 1
 
 
@@ -128,10 +138,6 @@ def test_session_past_its_length_limit(whisper_model, monkeypatch):
             # A new utterance on the same connection works.
             stream(ws, np.zeros(16000, np.float32))
             assert events_until(ws, "transcription.done")[-1]["text"] == ""
-        monkeypatch.setattr(engine_module, "MAX_ITEMS_PER_SESSION", 1)
-        with harness.connect() as ws:
-            stream(ws, np.zeros(int(16000 * 2.9), np.float32), final=False)
-            assert events_until(ws, "error")[-1]["code"] == "session_too_long"
         assert wait_until_idle(harness)["voxrt_encoder_cache_rows"] == 0
     finally:
         harness.stop()
@@ -167,9 +173,9 @@ def test_client_that_vanishes_mid_stream_leaves_nothing(server, welcome):
     time.sleep(1.0)
     ws.socket.close()  # no close frame: the client just disappears
     metrics = wait_until_idle(server)
-    assert metrics["voxrt_engine_sessions"] == 0
+    assert metrics["voxrt_engine_utterances"] == 0
     assert metrics["voxrt_connections_active"] == 0
-    assert metrics["voxrt_sessions_active"] == 0
+    assert metrics["voxrt_utterances_active"] == 0
     assert metrics["voxrt_encoder_cache_rows"] == 0
     assert server.engine.scheduler.requests == {}
     assert server.engine.scheduler.encoder_cache.input_ids_by_request == {}
@@ -202,15 +208,33 @@ def test_client_that_stops_reading_is_closed(whisper_model):
         harness.stop()
 
 
+SENTENCES = [
+    "The cat sat quietly by the warm fire.", "Please close the window before you leave.",
+    "My grandmother grows tomatoes in her garden.", "The bus was late again this morning.",
+    "We watched the stars from the top of the hill.", "He plays the piano every evening after dinner.",
+    "The river runs through the middle of the town.", "She bought a red umbrella at the market.",
+    "Our team won the football match on Saturday.", "The doctor will see you in ten minutes.",
+    "Fresh bread is sold at the corner shop.", "They painted the fence white last summer.",
+    "The museum is closed on Mondays.", "I left my keys on the kitchen table.",
+    "The children built a castle out of sand.", "A strong wind blew the leaves across the road.",
+    "Turn left at the church and walk two blocks.", "The coffee was too hot to drink.",
+    "We need more paper for the printer.", "The old bridge was repaired in the spring.",
+]  # fmt: skip
+
+
 @pytest.mark.slow
-def test_twenty_concurrent_sessions(server, welcome):
-    samples, _ = welcome
-    clip = samples[: 16000 * 4]
+def test_twenty_concurrent_sessions_each_get_their_own_text(server, tmp_path):
+    """Different speech per session: one that read another's window would get the wrong words."""
+    voices = ["en-us", "en+m3", "en-us+f2", "en+m7"]
+    clips = [
+        espeak(sentence, tmp_path / f"{i}.wav", voices[i % len(voices)])
+        for i, sentence in enumerate(SENTENCES)
+    ]
     results: dict[int, str] = {}
 
     def one(i: int) -> None:
         with server.connect() as ws:
-            stream(ws, clip)
+            stream(ws, clips[i])
             results[i] = events_until(ws, "transcription.done", timeout=120)[-1]["text"]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
@@ -219,8 +243,10 @@ def test_twenty_concurrent_sessions(server, welcome):
     for t in threads:
         t.join(timeout=180)
     assert len(results) == 20
-    for text in results.values():
-        assert word_error_rate(FIRST_SECONDS, text) <= 0.3, text
+    for i, text in results.items():
+        own = word_error_rate(SENTENCES[i], text)
+        assert own <= 0.5, (SENTENCES[i], text)
+        assert all(own < word_error_rate(other, text) for other in SENTENCES if other != SENTENCES[i])
     assert wait_until_idle(server)["voxrt_encoder_cache_rows"] == 0
 
 
@@ -231,8 +257,8 @@ def test_health_and_metrics_endpoints(server):
     metrics = server.metrics()
     for name in (
         "voxrt_connections_active",
-        "voxrt_sessions_active",
-        "voxrt_sessions_total",
+        "voxrt_utterances_active",
+        "voxrt_utterances_total",
         "voxrt_audio_seconds_total",
         "voxrt_tokens_total",
         "voxrt_step_seconds_count",
@@ -245,3 +271,55 @@ def test_health_and_metrics_endpoints(server):
         "process_resident_memory_bytes",
     ):
         assert name in metrics, name
+
+
+class EngineBug(BaseException):
+    """What no `except Exception` catches: the engine thread dies of it."""
+
+
+def kill_engine_thread(engine, monkeypatch) -> None:
+    def die() -> None:
+        raise EngineBug("a bug outside the step's error handling")
+
+    monkeypatch.setattr(engine, "step", die)
+    deadline = time.monotonic() + 10
+    while engine.alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not engine.alive
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_engine_turns_health_unready(whisper_model, monkeypatch):
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig())
+    try:
+        assert harness.get("/health")[0] == 200
+        kill_engine_thread(harness.engine, monkeypatch)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            harness.get("/health")
+        assert refused.value.code == 503
+        assert json.loads(refused.value.read())["status"] == "engine_dead"
+    finally:
+        harness.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_engine_ends_serve_with_exit_status_1(whisper_model, monkeypatch):
+    engine = Engine(WhisperRunner(whisper_model))
+    server = RealtimeServer(engine, ServerConfig(port=0), {"whisper"}, "whisper")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def serve_forever() -> int:
+        return await server.serve(asyncio.Event())  # never set: only the engine's death ends it
+
+    try:
+        served = asyncio.run_coroutine_threadsafe(serve_forever(), loop)
+        deadline = time.monotonic() + 30
+        while server.port is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        kill_engine_thread(engine, monkeypatch)
+        assert served.result(timeout=30) == 1
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from realtime.server import ServerConfig
 from tests.conftest import word_error_rate
 from tests.server_harness import ServerThread, append_event, events_until
-from voxtral.whisper_runner import WhisperRunner
+from voxtral.whisper.runner import WhisperRunner
 
 SERVER_EVENTS = {"session.created", "transcription.delta", "transcription.done", "error"}
 SENTINEL = json.dumps({"type": "fuzz.sentinel"})

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -41,14 +42,19 @@ def start_server(*extra: str, model: str = "whisper-tiny.en") -> tuple[subproces
 
 
 @pytest.mark.slow
-def test_sigterm_drains_active_sessions_and_exits_zero(welcome):
+def test_sigterm_drains_utterances_and_exits_zero(welcome):
     samples, _ = welcome
     process, url = start_server("--drain-seconds", "30")
     try:
         with connect(url, open_timeout=10) as ws:
             assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
             stream(ws, samples[: 16000 * 4], final=False)
-            time.sleep(0.5)
+            # Signal once the server holds all 4 s of audio: the drain must transcribe it all.
+            metrics_url = url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
+            deadline = time.monotonic() + 30
+            while "voxrt_audio_seconds_total 4.0" not in urllib.request.urlopen(metrics_url).read().decode():
+                assert time.monotonic() < deadline, "the server never received the audio"
+                time.sleep(0.05)
             process.send_signal(signal.SIGTERM)
             done = events_until(ws, "transcription.done", timeout=60)[-1]
             assert "morning" in done["text"].lower()
@@ -59,7 +65,7 @@ def test_sigterm_drains_active_sessions_and_exits_zero(welcome):
         logs = [json.loads(line) for line in process.stderr.read().splitlines() if line.startswith("{")]
         events = [record["event"] for record in logs]
         assert "server.draining" in events and "server.stopped" in events
-        ends = [r for r in logs if r["event"] == "session.end"]
-        assert ends and ends[0]["session_id"].startswith("sess-") and ends[0]["audio_seconds"] == 4.0
+        ends = [r for r in logs if r["event"] == "connection.close"]
+        assert ends and ends[0]["connection_id"].startswith("sess-") and ends[0]["audio_seconds"] == 4.0
     finally:
         process.kill()

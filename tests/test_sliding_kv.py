@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voxtral.sliding_kv import Rows, SlidingKV
+from voxtral.voxtral_realtime.sliding_kv import Rows, SlidingKV
 
 CPU = torch.device("cpu")
 SLOTS, HEADS, KV_HEADS, DIM, MAX_STEP = 3, 2, 1, 4, 5

@@ -2,9 +2,11 @@
 features and loading errors."""
 
 import asyncio
+import gc
 import json
 import shutil
 import time
+import weakref
 
 import huggingface_hub.constants
 import numpy as np
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 from transformers import AutoProcessor
 
-from realtime.engine import Delta, Done, Failed
+from realtime.events import Delta, Done, Failed
 from tests.voxtral_harness import (
     Feed,
     drive,
@@ -23,11 +25,12 @@ from tests.voxtral_harness import (
     reference_text,
     reference_tokens,
     voxtral_engine,
+    wait_for_release,
 )
-from voxtral.detokenizer import Detokenizer
+from voxtral.errors import WeightsError
 from voxtral.loading import load_model
-from voxtral.voxtral_model import VoxtralModel
-from voxtral.whisper_weights import WeightsError
+from voxtral.voxtral_realtime.detokenizer import Detokenizer
+from voxtral.voxtral_realtime.model import VoxtralModel
 
 
 def noise(seconds: float, seed: int = 0) -> np.ndarray:
@@ -35,12 +38,12 @@ def noise(seconds: float, seed: int = 0) -> np.ndarray:
 
 
 def assert_nothing_held(engine) -> None:
-    engine.runner.wait_idle()
+    wait_for_release(engine)
     cache = engine.scheduler.encoder_cache
-    assert engine.sessions == {} and engine.scheduler.requests == {}
+    assert engine.utterances == {} and engine.scheduler.requests == {}
     assert cache.refs == {} and cache.input_ids_by_request == {} and cache.num_used_rows == 0
     assert engine.runner.store == {}
-    assert engine.stats().kv_slots_used == 0
+    assert engine.runner.num_slots_in_use == 0
 
 
 def test_abort_mid_stream_frees_everything_and_the_other_session_is_unaffected(voxtral_dirs):
@@ -51,20 +54,22 @@ def test_abort_mid_stream_frees_everything_and_the_other_session_is_unaffected(v
     aborted = Feed(pieces(noise(4.0, seed=2), "80ms"))
     feeds = {"kept": kept, "aborted": aborted}
     for _ in range(30):  # both sessions well into decoding
-        for session_id, feed in feeds.items():
+        for utterance_id, feed in feeds.items():
             if feed.request is None:
-                engine.add_session(session_id, feed.events.append)
+                engine.add_utterance(utterance_id, feed.events.append)
             else:
-                engine.add_audio(session_id, feed.pieces.pop(0))
+                engine.add_audio(utterance_id, feed.pieces.pop(0))
         engine.run_once()
-        for session_id, feed in feeds.items():
-            feed.request = feed.request or engine.scheduler.requests[session_id]
+        for utterance_id, feed in feeds.items():
+            feed.request = feed.request or engine.scheduler.requests[utterance_id]
     assert len(aborted.request.output_token_ids) > 0
+    aborted_request, aborted.request = weakref.ref(aborted.request), None
     engine.abort("aborted")
     del feeds["aborted"]
     drive(engine, feeds)
     assert kept.request.output_token_ids == reference_tokens(path, kept_audio)
-    assert all(item.features is None for item in aborted.request.items)
+    gc.collect()
+    assert aborted_request() is None, "the aborted timeline (items, features) is still held"
     assert_nothing_held(engine)
 
 
@@ -196,14 +201,14 @@ def test_a_failed_device_step_fails_its_sessions_frees_them_and_the_engine_carri
     events: dict[str, list] = {"a": [], "b": [], "after": []}
     engine.start()
     try:
-        for session_id in ("a", "b"):
-            engine.add_session(session_id, events[session_id].append)
-            engine.add_audio(session_id, noise(3.0, seed=len(session_id)))
+        for utterance_id in ("a", "b"):
+            engine.add_utterance(utterance_id, events[utterance_id].append)
+            engine.add_audio(utterance_id, noise(3.0, seed={"a": 4, "b": 5}[utterance_id]))
         deadline = time.monotonic() + 60
         while not (ended(events["a"]) and ended(events["b"])) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert events["a"][-1].code == events["b"][-1].code == "processing_error"
-        engine.add_session("after", events["after"].append)
+        engine.add_utterance("after", events["after"].append)
         engine.add_audio("after", audio)
         engine.finish_input("after")
         while not ended(events["after"]) and time.monotonic() < deadline:

@@ -6,8 +6,8 @@ import torch
 from transformers import WhisperForConditionalGeneration, WhisperTokenizerFast
 
 from tests.conftest import word_error_rate
-from voxtral.ct2_format import CT2FormatError, read_ct2_model
-from voxtral.whisper_weights import (
+from voxtral.whisper.ct2 import CT2FormatError, read_ct2_model
+from voxtral.whisper.weights import (
     WeightsError,
     convert_package_model,
     convert_state_dict,
@@ -27,6 +27,65 @@ def converted(tmp_path_factory):
     target = tmp_path_factory.mktemp("conv") / "whisper"
     convert_package_model(package_model_dir(), target)
     return WhisperForConditionalGeneration.from_pretrained(target).eval(), target
+
+
+def expected_tensors(ct2: dict[str, np.ndarray], encoder_layers: int, decoder_layers: int) -> dict:
+    """transformers name -> CT2 array, written out from the two formats' documentation,
+    independently of the converter: every layer, every tensor."""
+
+    def linear(dst: str, src: str, bias: bool = True) -> dict:
+        out = {f"{dst}.weight": ct2[f"{src}/weight"]}
+        return out | ({f"{dst}.bias": ct2[f"{src}/bias"]} if bias else {})
+
+    def norm(dst: str, src: str) -> dict:
+        return {f"{dst}.weight": ct2[f"{src}/gamma"], f"{dst}.bias": ct2[f"{src}/beta"]}
+
+    def fused(dst: str, src: str, names: list[str]) -> dict:
+        weights = np.split(ct2[f"{src}/weight"], len(names))
+        biases = np.split(ct2[f"{src}/bias"], len(names))
+        out = {}
+        for name, weight, bias in zip(names, weights, biases, strict=True):
+            out[f"{dst}.{name}.weight"] = weight
+            if name != "k_proj":  # Whisper's key projection has no bias
+                out[f"{dst}.{name}.bias"] = bias
+        return out
+
+    out = {
+        "model.encoder.conv1.weight": ct2["encoder/conv1/weight"],
+        "model.encoder.conv1.bias": ct2["encoder/conv1/bias"],
+        "model.encoder.conv2.weight": ct2["encoder/conv2/weight"],
+        "model.encoder.conv2.bias": ct2["encoder/conv2/bias"],
+        "model.encoder.embed_positions.weight": ct2["encoder/position_encodings/encodings"],
+        "model.decoder.embed_tokens.weight": ct2["decoder/embeddings/weight"],
+        "model.decoder.embed_positions.weight": ct2["decoder/position_encodings/encodings"],
+    }
+    out |= norm("model.encoder.layer_norm", "encoder/layer_norm")
+    out |= norm("model.decoder.layer_norm", "decoder/layer_norm")
+    for side, count in (("encoder", encoder_layers), ("decoder", decoder_layers)):
+        for i in range(count):
+            dst, src = f"model.{side}.layers.{i}", f"{side}/layer_{i}"
+            out |= fused(f"{dst}.self_attn", f"{src}/self_attention/linear_0", ["q_proj", "k_proj", "v_proj"])
+            out |= linear(f"{dst}.self_attn.out_proj", f"{src}/self_attention/linear_1")
+            out |= norm(f"{dst}.self_attn_layer_norm", f"{src}/self_attention/layer_norm")
+            if side == "decoder":
+                out |= linear(f"{dst}.encoder_attn.q_proj", f"{src}/attention/linear_0")
+                out |= fused(f"{dst}.encoder_attn", f"{src}/attention/linear_1", ["k_proj", "v_proj"])
+                out |= linear(f"{dst}.encoder_attn.out_proj", f"{src}/attention/linear_2")
+                out |= norm(f"{dst}.encoder_attn_layer_norm", f"{src}/attention/layer_norm")
+            out |= linear(f"{dst}.fc1", f"{src}/ffn/linear_0")
+            out |= linear(f"{dst}.fc2", f"{src}/ffn/linear_1")
+            out |= norm(f"{dst}.final_layer_norm", f"{src}/ffn/layer_norm")
+    return out
+
+
+def test_every_saved_tensor_equals_its_ct2_array_in_every_layer(ct2_arrays, converted):
+    model, _ = converted
+    params = model.state_dict()
+    config = model.config
+    expected = expected_tensors(ct2_arrays, config.encoder_layers, config.decoder_layers)
+    assert set(params) - {"proj_out.weight"} == set(expected)  # proj_out is tied to the embedding
+    for name, array in expected.items():
+        assert np.array_equal(params[name].numpy(), array.astype(np.float32)), name
 
 
 def test_every_tensor_matches_its_ct2_array(ct2_arrays, converted):

@@ -4,25 +4,38 @@ import numpy as np
 import pytest
 from transformers import WhisperFeatureExtractor, WhisperTokenizerFast
 
-from realtime.engine import Delta, Done, Engine
+from realtime.engine import Engine
+from realtime.events import Delta, Done
 from tests.conftest import espeak, word_error_rate
-from voxtral.whisper_runner import WhisperRunner
+from voxtral.whisper.runner import WhisperRunner
 
-PASSAGE = (
+# Each voice reads its own passage, so a session that read another's window would fail.
+PASSAGES = [
     "Good morning everyone. Today we will talk about the weather in the city. It was raining all night, "
     "but the sun came out this morning. Many people went to the park to walk their dogs. The children "
     "played on the grass and the birds were singing in the trees. In the afternoon we will have a meeting "
     "about the new school building. Please bring your notes and arrive on time. Thank you for listening, "
-    "and have a nice day."
-)
+    "and have a nice day.",
+    "The train to the coast leaves at nine in the morning. We packed our bags the night before and went to "
+    "bed early. My brother forgot his hat, so we stopped at a small shop near the station. The journey took "
+    "three hours and the sea was calm and blue. We ate lunch on the beach and swam until the evening. "
+    "On the way home everyone was tired but happy.",
+    "Our kitchen is the warmest room in the house. Every Sunday my mother bakes bread and the whole street "
+    "can smell it. She taught me to mix the flour with water and a little salt. The dough must rest for one "
+    "hour before it goes into the oven. When the bread is ready we eat it with butter and honey. It is the "
+    "best part of the week.",
+    "The library opens at ten and closes at six. You can borrow up to five books for two weeks. If you need "
+    "more time, ask at the front desk and they will help you. There is a quiet room upstairs for reading "
+    "and study. Please turn off your phone and speak softly. The computers are free for everyone to use.",
+]
 # (voice, words per minute, pause between words in 10 ms units)
 VOICES = [("en-us", 150, 0), ("en+m3", 165, 0), ("en-us+m7", 150, 2), ("en-us", 130, 4)]
 
 
-def speak_with_pauses(tmp_path, voice: str, rate: int, gap: int) -> np.ndarray:
+def speak_with_pauses(tmp_path, passage: str, voice: str, rate: int, gap: int) -> np.ndarray:
     """The passage sentence by sentence, with 0.75-1.25 s of silence between sentences."""
     pieces = []
-    for i, sentence in enumerate(PASSAGE.split(". ")):
+    for i, sentence in enumerate(passage.split(". ")):
         pieces.append(espeak(sentence, tmp_path / f"{voice}-{rate}-{i}.wav", voice, rate, gap))
         pieces.append(np.zeros(12000 + 4000 * (i % 3), np.float32))
     return np.concatenate(pieces)
@@ -33,7 +46,7 @@ def stream_through_engine(engine: Engine, audios: dict[str, np.ndarray], seed: i
     rng = np.random.default_rng(seed)
     events: dict[str, list] = {name: [] for name in audios}
     for name in audios:
-        engine.add_session(name, events[name].append)
+        engine.add_utterance(name, events[name].append)
     offsets = dict.fromkeys(audios, 0)
     while any(offsets[n] < len(a) for n, a in audios.items()):
         for name, samples in audios.items():
@@ -75,8 +88,10 @@ def runner(whisper_model):
 
 @pytest.mark.slow
 def test_streaming_wer_close_to_offline(runner, whisper_dir, tmp_path):
+    texts = {f"{v}-{r}-{g}": passage for (v, r, g), passage in zip(VOICES, PASSAGES, strict=True)}
     audios = {
-        f"{voice}-{rate}-{gap}": speak_with_pauses(tmp_path, voice, rate, gap) for voice, rate, gap in VOICES
+        f"{voice}-{rate}-{gap}": speak_with_pauses(tmp_path, passage, voice, rate, gap)
+        for (voice, rate, gap), passage in zip(VOICES, PASSAGES, strict=True)
     }
     assert all(len(a) > 30 * 16000 for a in audios.values())
     engine = Engine(runner)
@@ -87,13 +102,13 @@ def test_streaming_wer_close_to_offline(runner, whisper_dir, tmp_path):
         assert len(done) == 1, events[name]
         assert "".join(deltas) == done[0].text, "deltas must add up to the final text"
         assert len(deltas) >= 5, "text must stream, not arrive at the end"
-        streaming = word_error_rate(PASSAGE, done[0].text)
-        offline = word_error_rate(PASSAGE, offline_text(whisper_dir, runner, samples))
+        streaming = word_error_rate(texts[name], done[0].text)
+        offline = word_error_rate(texts[name], offline_text(whisper_dir, runner, samples))
         print(f"{name}: streaming WER {streaming:.3f}, offline WER {offline:.3f}")
         assert streaming <= 0.15, done[0].text
         assert streaming <= offline + 0.03, done[0].text
     stats = engine.stats()
-    assert stats.active_sessions == 0 and stats.encoder_cache_rows == 0
+    assert stats.utterances == 0 and stats.encoder_cache_rows == 0
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Tiny Voxtral checkpoints, reference transcripts from transformers, and an engine driver."""
 
+import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -8,10 +9,12 @@ import numpy as np
 import torch
 from transformers import AutoProcessor, VoxtralRealtimeForConditionalGeneration
 
-from realtime.engine import Delta, Done, Engine, EngineConfig, Failed
+from realtime.config import EngineConfig
+from realtime.engine import Engine
+from realtime.events import Delta, Done, Failed
 from scheduler import Request
+from tests.fixtures.tiny_voxtral import TinyVoxtralSpec
 from voxtral.loading import load_model
-from voxtral.tiny_voxtral import TinyVoxtralSpec
 
 # Three checkpoints that differ where the streaming code could go wrong: downsample
 # factor, delay, left padding, sliding windows shorter than the prompt, GQA.
@@ -84,20 +87,27 @@ def pieces(audio: np.ndarray, chunking: str, seed: int = 0) -> list[np.ndarray]:
 def drive(engine: Engine, feeds: dict[str, Feed], max_steps: int = 100_000) -> None:
     """Step the engine on this thread, one client piece per session per step, until all are done."""
     for step in range(max_steps):
-        for session_id, feed in feeds.items():
+        for utterance_id, feed in feeds.items():
             if step == feed.start_step and feed.request is None:
-                engine.add_session(session_id, feed.events.append)
+                engine.add_utterance(utterance_id, feed.events.append)
             elif step > feed.start_step and feed.pieces:
-                engine.add_audio(session_id, feed.pieces.pop(0))
+                engine.add_audio(utterance_id, feed.pieces.pop(0))
                 if not feed.pieces:
-                    engine.finish_input(session_id)
+                    engine.finish_input(utterance_id)
         engine.run_once()
-        for session_id, feed in feeds.items():
-            if feed.request is None and session_id in engine.scheduler.requests:
-                feed.request = engine.scheduler.requests[session_id]
+        for utterance_id, feed in feeds.items():
+            if feed.request is None and utterance_id in engine.scheduler.requests:
+                feed.request = engine.scheduler.requests[utterance_id]
         if all(feed.done for feed in feeds.values()):
             return
     raise AssertionError(f"sessions not done after {max_steps} steps")
+
+
+def wait_for_release(engine: Engine, seconds: float = 30) -> None:
+    """KV slots come back once the device worker has run every release queued before."""
+    deadline = time.monotonic() + seconds
+    while engine.runner.num_slots_in_use and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def voxtral_engine(path: Path, max_sessions: int = 8) -> Engine:

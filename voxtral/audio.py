@@ -1,11 +1,9 @@
-"""Audio in: PCM16 bytes and files to float32 16 kHz mono, and Whisper-style log-mel features."""
+"""Audio in: PCM16 bytes to float32 16 kHz mono, and Whisper-style log-mel features."""
 
 from functools import cache
-from pathlib import Path
 
 import librosa
 import numpy as np
-import soundfile as sf
 import torch
 
 SAMPLE_RATE = 16_000
@@ -18,19 +16,6 @@ def pcm16_to_float32(data: bytes) -> np.ndarray:
     if len(data) % 2:
         raise ValueError(f"PCM16 audio needs an even number of bytes, got {len(data)}")
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def float32_to_pcm16(samples: np.ndarray) -> bytes:
-    return (np.clip(samples, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()
-
-
-def load_audio_file(path: str | Path) -> np.ndarray:
-    """Any file soundfile reads, as float32 mono at 16 kHz."""
-    samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    mono = samples.mean(axis=1)
-    if rate != SAMPLE_RATE:
-        mono = librosa.resample(mono, orig_sr=rate, target_sr=SAMPLE_RATE)
-    return np.ascontiguousarray(mono, dtype=np.float32)
 
 
 @cache

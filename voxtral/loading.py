@@ -8,12 +8,13 @@ from pathlib import Path
 import torch
 from transformers.utils import logging as hf_logging
 
+from voxtral.errors import WeightsError
 from voxtral.runner import ModelRunner
-from voxtral.voxtral_model import local_checkpoint
-from voxtral.voxtral_runner import VoxtralRunner
-from voxtral.whisper_model import WhisperModel
-from voxtral.whisper_runner import WhisperRunner
-from voxtral.whisper_weights import WeightsError, default_whisper_dir
+from voxtral.voxtral_realtime.checkpoint import local_checkpoint
+from voxtral.voxtral_realtime.runner import VoxtralRunner
+from voxtral.whisper.model import WhisperModel
+from voxtral.whisper.runner import WhisperRunner
+from voxtral.whisper.weights import default_whisper_dir
 
 DEFAULT_MODEL = "whisper-tiny.en"
 

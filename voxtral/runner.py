@@ -1,4 +1,4 @@
-"""What the engine needs from a model family, and the per-session stream state it keeps."""
+"""What the engine needs from a model family: items in, per-utterance outputs back."""
 
 import time
 from collections.abc import Callable
@@ -13,39 +13,37 @@ from scheduler import Request, SchedulerConfig, SchedulerOutput
 
 
 @dataclass
-class StreamState:
-    """A session's audio not yet turned into items, and what its family keeps between steps."""
+class UtteranceOutput:
+    """What one step produced for one utterance."""
 
-    request: Request
-    buffer: list[np.ndarray] = field(default_factory=list)
-    num_buffered: int = 0
-    left_context: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    num_samples: int = 0  # samples turned into items so far
-    num_items_released: int = 0  # items before this index have dropped their features
-    text: str = ""
-    family_state: object = None
+    token_ids: list[int] = field(default_factory=list)  # sampled ids, for its placeholders in order
+    text: str = ""  # text a windowed policy committed (families that re-decode, not sample)
+    num_tokens: int = 0  # tokens decoded for it (usage)
+    finished: bool = False  # its last output: the utterance is done
+    audio_arrived_at: float = 0.0  # when the audio this output came from reached the server
 
 
 @dataclass
 class StepResult:
-    deltas: dict[str, str] = field(default_factory=dict)  # request_id -> newly committed text
-    num_tokens: dict[str, int] = field(default_factory=dict)  # request_id -> tokens decoded
-    finished: list[str] = field(default_factory=list)  # requests whose final text is out
-    sampled: dict[str, list[int]] = field(default_factory=dict)  # tokens for the placeholders
+    outputs: dict[str, UtteranceOutput] = field(default_factory=dict)  # by request id
     model_seconds: float = 0.0  # time the step spent in model code
 
 
 class ModelRunner(Protocol):
-    """A model family as the engine drives it: items in, text deltas out."""
+    """A model family as the engine drives it.
+
+    `new_state` makes the family's per-utterance state (typed per family); the engine
+    keeps it and hands it back to `submit`, `detokenize` and `release`.
+    """
 
     name: str
     device: torch.device
     chunk_samples: int  # samples per audio item, the family's natural chunk
     samples_per_position: int
-    leading_silence_samples: int  # zeros a session's audio starts with
-    history_dependent_items: bool  # an item's encoder output depends on the session's past
+    leading_silence_samples: int  # zeros an utterance's audio starts with
+    history_dependent_items: bool  # an item's encoder output depends on the utterance's past
     max_steps_in_flight: int  # 1: a step completes before the next one is scheduled
-    num_slots_in_use: int  # sessions holding per-session device state (KV)
+    num_slots_in_use: int  # utterances holding per-utterance device state (KV)
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig: ...
 
@@ -55,27 +53,31 @@ class ModelRunner(Protocol):
 
     def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor: ...
 
-    def new_stream(self, request: Request) -> StreamState: ...
+    def new_state(self, request: Request) -> object:
+        """The family's state for a new utterance; raises `NoFreeSlot` at once when full."""
+        ...
 
-    def submit(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> Future[StepResult]:
+    def submit(self, out: SchedulerOutput, states: dict[str, object]) -> Future[StepResult]:
         """Launch the step; the result may come later, and later steps may be submitted first."""
         ...
 
-    def release(self, stream: StreamState) -> None:
-        """Free the session's device state once every submitted step is done with it."""
+    def detokenize(self, state: object, token_ids: list[int], final: bool) -> str:
+        """Text of resolved token ids, appended to what came before; `final` flushes the tail."""
+        ...
+
+    def release(self, state: object) -> None:
+        """Free the utterance's device state once every submitted step is done with it."""
         ...
 
 
 def run_now(
-    execute: Callable[[SchedulerOutput, dict[str, StreamState]], StepResult],
-    out: SchedulerOutput,
-    streams: dict[str, StreamState],
+    execute: Callable[[SchedulerOutput, dict], StepResult], out: SchedulerOutput, states: dict
 ) -> Future[StepResult]:
     """`submit` for a family that runs each step to completion on the caller's thread."""
     future: Future[StepResult] = Future()
     started = time.perf_counter()
     try:
-        result = execute(out, streams)
+        result = execute(out, states)
     except Exception as exc:
         future.set_exception(exc)
         return future

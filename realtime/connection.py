@@ -8,20 +8,21 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from realtime import protocol
-from realtime.engine import Delta, Done, Engine, EngineEvent, Failed
+from realtime.engine import Engine
+from realtime.events import Delta, Done, EngineEvent, Failed
 from realtime.metrics import Metrics
-from realtime.protocol import AudioAppend, Commit, ProtocolError, SessionUpdate
+from realtime.protocols import vllm as protocol
+from realtime.protocols.vllm import AudioAppend, Commit, ProtocolError, SessionUpdate
 from voxtral.audio import SAMPLE_RATE
 
 
 @dataclass
-class SessionLimits:
+class ConnectionLimits:
     outbox_events: int = 256
     model_names: frozenset[str] = frozenset()
 
 
-class ClientSession:
+class Connection:
     """Audio before any commit starts an utterance (documented); `final` ends its input.
 
     After `transcription.done` the next commit or audio starts a new utterance on the
@@ -31,18 +32,18 @@ class ClientSession:
 
     def __init__(
         self,
-        connection: ServerConnection,
+        websocket: ServerConnection,
         engine: Engine,
         metrics: Metrics,
-        limits: SessionLimits,
-        session_id: str,
+        limits: ConnectionLimits,
+        connection_id: str,
     ) -> None:
-        self.connection = connection
+        self.websocket = websocket
         self.engine = engine
         self.metrics = metrics
         self.limits = limits
-        self.session_id = session_id
-        self.log = structlog.get_logger("voxrt.session").bind(session_id=session_id)
+        self.connection_id = connection_id
+        self.log = structlog.get_logger("voxrt.connection").bind(connection_id=connection_id)
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue(maxsize=limits.outbox_events)
         self.loop = asyncio.get_running_loop()
         self.utterance: str | None = None  # engine id of the running utterance
@@ -61,9 +62,9 @@ class ClientSession:
     async def run(self, created_event: str) -> None:
         sender = asyncio.create_task(self._send_loop())
         self.send(created_event)
-        self.log.info("session.start", remote=str(self.connection.remote_address))
+        self.log.info("connection.open", remote=str(self.websocket.remote_address))
         try:
-            async for message in self.connection:
+            async for message in self.websocket:
                 self.handle(message)
         except ConnectionClosed:
             pass
@@ -71,19 +72,19 @@ class ClientSession:
             self.abort_utterance()
             sender.cancel()
             self.log.info(
-                "session.end",
+                "connection.close",
                 seconds=round(time.monotonic() - self.started_at, 3),
                 audio_seconds=round(self.audio_seconds, 3),
                 utterances=self.num_utterances,
                 deltas=self.num_deltas,
                 errors=self.num_errors,
-                close_code=self.connection.close_code,
+                close_code=self.websocket.close_code,
             )
 
     async def _send_loop(self) -> None:
         try:
             while (text := await self.outbox.get()) is not None:
-                await self.connection.send(text)
+                await self.websocket.send(text)
         except ConnectionClosed:
             pass
 
@@ -94,18 +95,18 @@ class ClientSession:
             self.outbox.put_nowait(text)
         except asyncio.QueueFull:
             self.metrics.errors.labels(code="slow_consumer").inc()
-            self.log.warning("session.slow_consumer", outbox=self.outbox.qsize())
+            self.log.warning("connection.slow_consumer", outbox=self.outbox.qsize())
             self.abort_utterance()
             # The close frame may never reach a client that does not read: websockets
             # then drops the TCP connection after its close timeout.
             self.closing = asyncio.ensure_future(
-                self.connection.close(1008, "slow_consumer: client is not reading events")
+                self.websocket.close(1008, "slow_consumer: client is not reading events")
             )
 
     def send_error(self, code: str, message: str) -> None:
         self.num_errors += 1
         self.metrics.errors.labels(code=code).inc()
-        self.log.info("session.client_error", code=code, error=message)
+        self.log.info("connection.client_error", code=code, error=message)
         self.send(protocol.error(code, message))
 
     def handle(self, message: str | bytes) -> None:
@@ -137,13 +138,13 @@ class ClientSession:
         if self.utterance is not None:
             return
         self.num_utterances += 1
-        self.utterance = f"{self.session_id}-{self.num_utterances}"
+        self.utterance = f"{self.connection_id}-{self.num_utterances}"
         self.idle.clear()
         self.first_audio_at, self.got_first_delta = None, False
-        self.metrics.sessions_total.inc()
-        self.metrics.sessions_active.inc()
+        self.metrics.utterances_total.inc()
+        self.metrics.utterances_active.inc()
         utterance = self.utterance
-        self.engine.add_session(
+        self.engine.add_utterance(
             utterance, lambda e: self.loop.call_soon_threadsafe(self._on_engine_event, utterance, e)
         )
 
@@ -173,7 +174,7 @@ class ClientSession:
     def _utterance_ended(self) -> None:
         self.utterance = None
         self.finishing = False
-        self.metrics.sessions_active.dec()
+        self.metrics.utterances_active.dec()
         self.idle.set()
 
     def abort_utterance(self) -> None:

@@ -8,11 +8,11 @@ import numpy as np
 import structlog
 import torch
 
-from scheduler import Request, SchedulerConfig, SchedulerOutput, get_items_in_window
+from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
-from voxtral.local_agreement import LocalAgreement
-from voxtral.runner import StepResult, StreamState, run_now
-from voxtral.whisper_model import Hypothesis, Segment, WhisperModel
+from voxtral.runner import StepResult, UtteranceOutput, run_now
+from voxtral.whisper.model import Hypothesis, Segment, WhisperModel
+from voxtral.whisper.policy import LocalAgreement
 
 log = structlog.get_logger(__name__)
 
@@ -44,19 +44,29 @@ class WhisperPolicy:
 
 @dataclass
 class WhisperStream:
+    """One utterance's streaming state. Whisper runs each step on the engine thread: it owns all of it."""
+
+    agreement: LocalAgreement
     window_start: int = 0  # position where the uncommitted window begins
-    agreement: LocalAgreement = field(default_factory=LocalAgreement)
     # Tokens of the window's committed words: forced on the next decode, so only the
     # uncommitted tail is generated and committed text cannot change under the agreement.
     prefix: list[int] = field(default_factory=list)
+    has_text: bool = False  # something was committed: the next words follow a space
 
 
 @dataclass
 class _Window:
-    stream: StreamState
+    request: Request
+    state: WhisperStream
     raw: torch.Tensor
     end: int
     final: bool
+    items: list[AudioItem]  # the items the window reads, in order
+
+    def arrived_at(self, seconds: float) -> float:
+        """When the audio `seconds` into the window reached the server."""
+        position = self.end - self.raw.shape[1] + round(seconds * POSITIONS_PER_SECOND) - 1
+        return next((i.arrived_at for i in self.items if i.end > position), self.items[-1].arrived_at)
 
 
 def compression_ratio(text: str) -> float:
@@ -113,48 +123,46 @@ class WhisperRunner:
     def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
         return raw_log_mel(samples, left, right, self.model.n_mels)
 
-    def new_stream(self, request: Request) -> StreamState:
+    def new_state(self, request: Request) -> WhisperStream:
         request.retain_from = 0
-        agreement = LocalAgreement(holdback_seconds=self.policy.holdback_seconds)
-        return StreamState(request=request, family_state=WhisperStream(agreement=agreement))
+        return WhisperStream(LocalAgreement(holdback_seconds=self.policy.holdback_seconds))
 
-    def release(self, stream: StreamState) -> None:
-        """Nothing device-side is per-session for Whisper: the window lives in the encoder cache."""
+    def detokenize(self, state: WhisperStream, token_ids: list[int], final: bool) -> str:
+        """Whisper commits text, not sampled ids: only ever called with none."""
+        return self.model.tokenizer.decode(token_ids)
 
-    def submit(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> Future[StepResult]:
-        return run_now(self.execute, out, streams)
+    def release(self, state: WhisperStream) -> None:
+        """Nothing device-side is per-utterance for Whisper: the window lives in the encoder cache."""
 
-    def execute(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> StepResult:
+    def submit(self, out: SchedulerOutput, states: dict[str, WhisperStream]) -> Future[StepResult]:
+        return run_now(self.execute, out, states)
+
+    def execute(self, out: SchedulerOutput, states: dict[str, WhisperStream]) -> StepResult:
         for mm_hash in out.freed_mm_hashes:
             self.store.pop(mm_hash, None)
-        for request, input_id in out.encoder_inputs:
-            item = request.items[input_id]
+        for _, item in out.encoder_inputs:
             self.store[item.mm_hash] = item.features.to(self.device, non_blocking=True)
-        windows = [self._window(streams[s.request.request_id], s.end, s.final) for s in out.scheduled]
+        windows = [
+            self._window(s.request, states[s.request.request_id], s.end, s.final) for s in out.scheduled
+        ]
         shortest = self.policy.min_decode_seconds * POSITIONS_PER_SECOND
         windows = [w for w in windows if w.final or w.raw.shape[1] >= shortest]
         result = StepResult()
         hypotheses = self._decode([w for w in windows if self._loud(w)])
         for window in windows:
             hyp = hypotheses.get(id(window))
-            text = self._commit(window, hyp)
-            if hyp is not None:
-                result.num_tokens[window.stream.request.request_id] = len(hyp.token_ids)
-            if text:
-                # Committed words, space-joined to the session's text so far.
-                joined = " " + text if window.stream.text else text.lstrip()
-                result.deltas[window.stream.request.request_id] = joined
-            if window.final:
-                result.finished.append(window.stream.request.request_id)
+            output = self._commit(window, hyp)
+            output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
+            if output.text or output.finished or output.num_tokens:
+                result.outputs[window.request.request_id] = output
         return result
 
-    def _window(self, stream: StreamState, end: int, final: bool) -> _Window:
-        request, state = stream.request, stream.family_state
-        lo, hi = get_items_in_window(request.items, state.window_start, end)
-        first = request.items[lo].offset
-        raw = torch.cat([self.store[request.items[i].mm_hash] for i in range(lo, hi)], dim=1)
-        raw = raw[:, state.window_start - first : end - first]
-        return _Window(stream, raw, end, final)
+    def _window(self, request: Request, state: WhisperStream, end: int, final: bool) -> _Window:
+        ids = request.input_ids_in_window(state.window_start, end)
+        items = [request.item(i) for i in ids]
+        raw = torch.cat([self.store[item.mm_hash] for item in items], dim=1)
+        raw = raw[:, state.window_start - items[0].offset : end - items[0].offset]
+        return _Window(request, state, raw, end, final, items)
 
     def _loud(self, window: _Window) -> bool:
         frame_db = 10 * torch.log10((10 ** window.raw.float()).mean(dim=0))
@@ -180,7 +188,7 @@ class WhisperRunner:
             )
             for w in windows
         ]
-        forced = [w.stream.family_state.prefix for w in windows]
+        forced = [w.state.prefix for w in windows]
         hyps = self.model.decode(states, prompts, budgets, forced)
         out: dict[int, Hypothesis | None] = {}
         for window, hyp in zip(windows, hyps, strict=True):
@@ -189,15 +197,22 @@ class WhisperRunner:
             out[id(window)] = None if silent or not hyp.segments else hyp
         return out
 
-    def _commit(self, window: _Window, hyp: Hypothesis | None) -> str:
-        state: WhisperStream = window.stream.family_state
-        request = window.stream.request
+    def _commit(self, window: _Window, hyp: Hypothesis | None) -> UtteranceOutput:
+        state, request = window.state, window.request
         length = window.end - state.window_start
         force = length > self.policy.max_window_seconds * POSITIONS_PER_SECOND
         may_trim = length > self.policy.trim_after_seconds * POSITIONS_PER_SECOND
         commit = state.agreement.update(
             hyp, window.final, force, may_trim, window_seconds=length / POSITIONS_PER_SECOND
         )
+        # Latency counts from the arrival of the committed words' end, as the policy estimates it.
+        output = UtteranceOutput(
+            finished=window.final, audio_arrived_at=window.arrived_at(commit.end_seconds)
+        )
+        if commit.text:
+            # Committed words, space-joined to the utterance's text so far.
+            output.text = " " + commit.text if state.has_text else commit.text.lstrip()
+            state.has_text = True
         if commit.clear:
             keep = 0 if hyp is not None or window.final else POSITIONS_PER_SECOND
             state.window_start = max(state.window_start, window.end - keep)
@@ -211,4 +226,4 @@ class WhisperRunner:
                 )
         state.window_start = min(state.window_start, window.end)
         request.retain_from = state.window_start
-        return commit.text
+        return output

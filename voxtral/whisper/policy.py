@@ -4,7 +4,7 @@ import re
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
-from voxtral.whisper_model import Hypothesis
+from voxtral.whisper.model import Hypothesis
 
 _PUNCT = re.compile(r"[^\w']+")
 
@@ -32,6 +32,7 @@ def _estimate_word_ends(words: list[str], start: float, end: float) -> list[floa
 @dataclass
 class WindowCommit:
     text: str  # newly committed text, to append to the transcript
+    end_seconds: float = 0.0  # where its last word ends (estimated), from the window start
     trim_seconds: float = 0.0  # how far the window start may move forward
     consumed_words: int = 0  # words of the hypothesis that the trim dropped from the window
     # Nothing in the window is still needed: it may move to its end (keeping a short
@@ -119,9 +120,11 @@ class LocalAgreement:
         committed = tail[:agreed]
         self.pending = tail[agreed:]
         self.window_words += committed
+        # Where the last committed word of the hypothesis ends.
+        end_seconds = word_ends[len(words) - len(tail) + len(committed) - 1] if committed else 0.0
         if clear:
             self.window_words, self.pending = [], []
-            return WindowCommit(" ".join(committed), clear=True)
+            return WindowCommit(" ".join(committed), end_seconds, clear=True)
         trim, consumed = 0.0, 0
         for through, end in segment_ends if may_trim or force_trim else []:
             if end is not None and through <= len(self.window_words):
@@ -129,4 +132,4 @@ class LocalAgreement:
                 consumed = through
         if trim > 0:
             self.window_words = self.window_words[consumed:]
-        return WindowCommit(" ".join(committed), trim_seconds=trim, consumed_words=consumed)
+        return WindowCommit(" ".join(committed), end_seconds, trim_seconds=trim, consumed_words=consumed)

@@ -16,15 +16,12 @@ import torch
 from safetensors.torch import save_file
 from transformers import GenerationConfig, WhisperConfig
 
-from voxtral.ct2_format import CT2FormatError, read_ct2_model
+from voxtral.errors import WeightsError
+from voxtral.whisper.ct2 import CT2FormatError, read_ct2_model
 
 log = structlog.get_logger(__name__)
 
 CONVERTED_FORMAT = 1  # bump when the converted layout changes, so stale caches are redone
-
-
-class WeightsError(RuntimeError):
-    """A model's files are missing or malformed; the message names the file."""
 
 
 def package_model_dir() -> Path:

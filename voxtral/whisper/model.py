@@ -8,7 +8,7 @@ from tokenizers import Tokenizer
 from transformers import WhisperForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from voxtral.whisper_weights import WeightsError
+from voxtral.errors import WeightsError
 
 SECONDS_PER_TIMESTAMP = 0.02
 

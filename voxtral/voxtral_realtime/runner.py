@@ -1,9 +1,10 @@
-"""Voxtral Realtime streamed: one encoder call and one decoder call per step for all sessions.
+"""Voxtral Realtime streamed: one encoder call and one decoder call per step for all utterances.
 
 The engine thread prepares a step (`submit`: gather items, pad features, build index
 tensors, append placeholders) while a single worker thread runs the previous one on
 the device; the worker owns all device state, so steps, slot resets and releases run
-in the order they were submitted.
+in the order they were submitted. Sampled ids come back as data only: the engine
+fills the placeholders with them and detokenizes from the resolved ids.
 """
 
 import queue
@@ -17,19 +18,22 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
-from voxtral.detokenizer import Detokenizer
-from voxtral.runner import StepResult, StreamState
-from voxtral.sliding_kv import Rows
-from voxtral.voxtral_model import VoxtralModel
-
-SLOT_WAIT_SECONDS = 60.0
+from voxtral.errors import NoFreeSlot
+from voxtral.runner import StepResult, UtteranceOutput
+from voxtral.voxtral_realtime.detokenizer import Detokenizer
+from voxtral.voxtral_realtime.model import VoxtralModel
+from voxtral.voxtral_realtime.sliding_kv import Rows
 
 
 @dataclass
 class VoxtralStream:
+    """One utterance's Voxtral state. `slot` is fixed at creation; `detokenizer` belongs to the
+    engine thread; `done` to the device worker (its last output went out, or it was released)."""
+
+    request_id: str
     slot: int
     detokenizer: Detokenizer
-    done: bool = False  # final position decoded or end-of-stream sampled (worker-side)
+    done: bool = False
 
 
 @dataclass
@@ -43,9 +47,10 @@ class _Step:
     encode_hashes: list[list[str]]
     decode_rows: Rows
     decode_hashes: list[list[str]]
-    streams: list[StreamState]
+    states: list[VoxtralStream]
     samples: list[bool]  # the row's last position samples a token
     final: list[bool]
+    arrived_at: list[float]  # arrival of the audio of each row's last position
 
 
 class VoxtralRunner:
@@ -95,48 +100,45 @@ class VoxtralRunner:
     def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
         return self.model.features(samples, left, right)
 
-    def new_stream(self, request: Request) -> StreamState:
+    def new_state(self, request: Request) -> VoxtralStream:
         request.num_prompt = self.model.num_prompt
         try:
-            slot = self._free_slots.get(timeout=SLOT_WAIT_SECONDS)
+            slot = self._free_slots.get_nowait()
         except queue.Empty as exc:
-            raise RuntimeError("no KV slot came free: more sessions than --max-sessions") from exc
-        state = VoxtralStream(slot, Detokenizer(self.model.tekken))
-        return StreamState(request=request, family_state=state)
+            raise NoFreeSlot(f"all {self.model.num_slots} KV slots are taken (--max-sessions)") from exc
+        return VoxtralStream(request.request_id, slot, Detokenizer(self.model.tekken))
 
-    def release(self, stream: StreamState) -> None:
-        self._worker.submit(self._release, stream)
+    def detokenize(self, state: VoxtralStream, token_ids: list[int], final: bool) -> str:
+        text = "".join(state.detokenizer.add(token) for token in token_ids)
+        return text + state.detokenizer.flush() if final else text
 
-    def wait_idle(self) -> None:
-        """Block until every step and release submitted so far has run."""
-        self._worker.submit(lambda: None).result()
+    def release(self, state: VoxtralStream) -> None:
+        self._worker.submit(self._release, state)
 
-    def _release(self, stream: StreamState) -> None:
-        prefix = stream.request.request_id + "#"
+    def _release(self, state: VoxtralStream) -> None:
+        prefix = state.request_id + "#"
         for mm_hash in [h for h in self.store if h.startswith(prefix)]:
             del self.store[mm_hash]
-        stream.family_state.done = True
-        self._free_slots.put(stream.family_state.slot)
+        state.done = True
+        self._free_slots.put(state.slot)
 
     # ---- engine thread -----------------------------------------------------------------------
 
-    def submit(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> Future[StepResult]:
-        return self._worker.submit(self._run, self._prepare(out, streams))
+    def submit(self, out: SchedulerOutput, states: dict[str, VoxtralStream]) -> Future[StepResult]:
+        return self._worker.submit(self._run, self._prepare(out, states))
 
-    def _prepare(self, out: SchedulerOutput, streams: dict[str, StreamState]) -> _Step:
+    def _prepare(self, out: SchedulerOutput, states: dict[str, VoxtralStream]) -> _Step:
         def slot(request_id: str) -> int:
-            return streams[request_id].family_state.slot
+            return states[request_id].slot
 
         # Rows go in slot order: live slots are packed, so that is usually a contiguous run.
-        by_request: dict[str, list[int]] = {}
-        requests: dict[str, Request] = {}
-        for request, input_id in out.encoder_inputs:
-            by_request.setdefault(request.request_id, []).append(input_id)
-            requests[request.request_id] = request
+        by_request: dict[str, list[AudioItem]] = {}
+        for request, item in out.encoder_inputs:
+            by_request.setdefault(request.request_id, []).append(item)
         slots, starts, lengths, runs, encode_hashes = [], [], [], [], []
         frames_per_position = self.model.downsample
-        for request_id, input_ids in sorted(by_request.items(), key=lambda kv: slot(kv[0])):
-            items = [requests[request_id].items[i] for i in sorted(input_ids)]
+        for request_id, items in sorted(by_request.items(), key=lambda kv: slot(kv[0])):
+            items.sort(key=lambda item: item.offset)
             slots.append(slot(request_id))
             starts.append(items[0].offset * frames_per_position)
             lengths.append(len(items) * frames_per_position)
@@ -148,8 +150,8 @@ class VoxtralRunner:
             encode_mels = self._batch_features(runs).to(self.device, non_blocking=True)
 
         scheduled = sorted(out.scheduled, key=lambda s: slot(s.request.request_id))
-        step_streams = [streams[s.request.request_id] for s in scheduled]
-        decode_slots = [stream.family_state.slot for stream in step_streams]
+        step_states = [states[s.request.request_id] for s in scheduled]
+        decode_slots = [state.slot for state in step_states]
         samples = []
         for s in scheduled:
             samples.append(s.end >= self.model.num_prompt)
@@ -168,11 +170,12 @@ class VoxtralRunner:
                 self.device,
             ),
             decode_hashes=[
-                [s.request.items[i].mm_hash for i in range(s.item_lo, s.item_hi)] for s in scheduled
+                [s.request.item(i).mm_hash for i in range(s.item_lo, s.item_hi)] for s in scheduled
             ],
-            streams=step_streams,
+            states=step_states,
             samples=samples,
             final=[s.final for s in scheduled],
+            arrived_at=[s.request.item(s.item_hi - 1).arrived_at for s in scheduled],
         )
 
     def _batch_features(self, runs: list[list[AudioItem]]) -> torch.Tensor:
@@ -206,22 +209,15 @@ class VoxtralRunner:
         )
         tokens = self.model.decode(step.decode_rows, audio).tolist()
         result = StepResult()
-        for stream, token, samples, final in zip(step.streams, tokens, step.samples, step.final, strict=True):
-            state: VoxtralStream = stream.family_state
+        rows = zip(step.states, tokens, step.samples, step.final, step.arrived_at, strict=True)
+        for state, token, samples, final, arrived_at in rows:
             if state.done:  # ended while this step was queued: nothing of it goes out
                 continue
-            request_id = stream.request.request_id
-            text = ""
+            output = UtteranceOutput(audio_arrived_at=arrived_at)
             if samples:
-                result.sampled[request_id] = [token]
-                result.num_tokens[request_id] = 1
-                text = state.detokenizer.add(token)
-                state.done = token == self.model.eos_id
-            if final or state.done:
-                text += state.detokenizer.flush()
-                state.done = True
-                result.finished.append(request_id)
-            if text:
-                result.deltas[request_id] = text
+                output.token_ids, output.num_tokens = [token], 1
+            # An end-of-stream token ends the utterance where `generate` stops.
+            state.done = output.finished = final or (samples and token == self.model.eos_id)
+            result.outputs[state.request_id] = output
         result.model_seconds = time.perf_counter() - started
         return result

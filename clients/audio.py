@@ -1,0 +1,23 @@
+"""The wire's audio, torch-free: files to float32 mono 16 kHz, float32 to PCM16."""
+
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+SAMPLE_RATE = 16_000
+
+
+def load_audio_file(path: str | Path, rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Any file soundfile reads, as float32 mono at `rate`."""
+    samples, file_rate = sf.read(str(path), dtype="float32", always_2d=True)
+    mono = samples.mean(axis=1)
+    if file_rate != rate:
+        mono = soxr.resample(mono, file_rate, rate)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def float32_to_pcm16(samples: np.ndarray) -> bytes:
+    """Rounded to the nearest step and clipped to PCM16's range, little-endian."""
+    return np.round(np.clip(samples, -1.0, 32767 / 32768) * 32768.0).astype("<i2").tobytes()

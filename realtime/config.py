@@ -1,0 +1,39 @@
+"""The engine's settings, and the snapshot of its state it publishes."""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from realtime.engine import Engine
+
+
+@dataclass
+class EngineConfig:
+    max_sessions: int = 64
+    max_session_seconds: float = 4 * 3600.0
+    feature_cache_bytes: int = 64 << 20
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot the engine thread takes after every step: consistent, and free to read."""
+
+    utterances: int = 0
+    encoder_cache_rows: int = 0  # referenced by live utterances: zero once all have ended
+    encoder_cache_resident_rows: int = 0  # referenced, or kept unreferenced for reuse
+    encoder_cache_capacity: int = 0
+    feature_cache_queries: int = 0
+    feature_cache_hits: int = 0
+    feature_cache_bytes: int = 0
+    steps: int = 0
+    tokens: int = 0
+    kv_slots_used: int = 0
+
+    @classmethod
+    def take(cls, engine: "Engine") -> "EngineStats":
+        cache, features = engine.scheduler.encoder_cache, engine.feature_cache
+        return cls(
+            len(engine.utterances), cache.num_referenced_rows, cache.num_used_rows, cache.capacity_rows,
+            features.queries, features.hits, features.num_bytes, engine.num_steps, engine.num_tokens,
+            engine.runner.num_slots_in_use,
+        )  # fmt: skip

@@ -1,0 +1,1 @@
+"""Wire adapters: client events to engine calls, engine events to wire events."""

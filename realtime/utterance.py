@@ -1,0 +1,116 @@
+"""Everything the engine keeps per utterance, and the table of live ones (engine thread only)."""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+
+from realtime.config import EngineConfig
+from realtime.events import Delta, Done, EngineEvent, Failed
+from realtime.ingest import Ingest, IngestBuffer
+from scheduler import Request, RequestStatus, Scheduler
+from voxtral.audio import SAMPLE_RATE
+from voxtral.errors import NoFreeSlot
+from voxtral.runner import ModelRunner, UtteranceOutput
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Utterance:
+    """One engine request. The engine thread owns every field; `state` is the family's
+    (`WhisperStream`, `VoxtralStream`), whose docstring says what its device worker owns."""
+
+    request: Request  # the timeline: items, positions computed, output token ids
+    state: object
+    on_event: Callable[[EngineEvent], None]
+    buffer: IngestBuffer = field(default_factory=IngestBuffer)
+    text_parts: list[str] = field(default_factory=list)  # the deltas sent, joined once at the end
+    num_tokens: int = 0
+    num_client_samples: int = 0  # what the client sent, without the family's padding
+
+    @property
+    def id(self) -> str:
+        return self.request.request_id
+
+    def emit(self, event: EngineEvent) -> None:
+        emit(self.on_event, event)
+
+
+def emit(on_event: Callable[[EngineEvent], None], event: EngineEvent) -> None:
+    """A listener that raises loses its event, never the engine thread."""
+    try:
+        on_event(event)
+    except Exception:
+        log.exception("engine.listener_failed", engine_event=type(event).__name__)
+
+
+class Utterances(dict[str, Utterance]):
+    """The live utterances by id: their start, their audio, their end."""
+
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, ingest: Ingest, config: EngineConfig):
+        super().__init__()
+        self.runner, self.scheduler, self.ingest, self.config = runner, scheduler, ingest, config
+
+    def add(self, utterance_id: str, on_event: Callable[[EngineEvent], None]) -> None:
+        if utterance_id in self:
+            emit(on_event, Failed("invalid_event", f"utterance {utterance_id!r} already exists"))
+            return
+        request = Request(utterance_id)
+        try:
+            state = self.runner.new_state(request)
+        except NoFreeSlot as exc:
+            emit(on_event, Failed("too_many_sessions", str(exc)))
+            return
+        self.scheduler.add_request(request)
+        self[utterance_id] = utterance = Utterance(request, state, on_event)
+        self._ingest(utterance, np.zeros(self.runner.leading_silence_samples, np.float32), time.monotonic())
+
+    def append(self, utterance: Utterance, samples: np.ndarray, arrived_at: float) -> None:
+        utterance.num_client_samples += len(samples)
+        if utterance.num_client_samples / SAMPLE_RATE > self.config.max_session_seconds:
+            limit = f"utterance exceeds {self.config.max_session_seconds:g} s"
+            self.fail(utterance, "session_too_long", limit)
+        else:
+            self._ingest(utterance, samples, arrived_at)
+
+    def finish_input(self, utterance: Utterance, arrived_at: float) -> None:
+        """The family's trailing silence, then the final item: what is buffered, padded."""
+        buffer = utterance.buffer
+        padding = self.runner.trailing_silence_samples(buffer.num_samples + len(buffer.pending))
+        self._ingest(utterance, np.zeros(padding, np.float32), arrived_at)
+        utterance.request.add_item(self.ingest.flush(buffer, utterance.id, arrived_at))
+        utterance.request.input_finished = True
+
+    def _ingest(self, utterance: Utterance, samples: np.ndarray, arrived_at: float) -> None:
+        for item in self.ingest.append(utterance.buffer, samples, utterance.id, arrived_at):
+            utterance.request.add_item(item)
+
+    def deliver(self, utterance: Utterance, output: UtteranceOutput) -> None:
+        """A step's output: sampled ids fill the placeholders, and the text comes from the resolved ids."""
+        utterance.num_tokens += output.num_tokens
+        text = output.text
+        if output.token_ids or output.finished:
+            start = utterance.request.resolve(output.token_ids)
+            resolved = utterance.request.output_token_ids[start : start + len(output.token_ids)]
+            text += self.runner.detokenize(utterance.state, resolved, output.finished)
+        if text:
+            utterance.text_parts.append(text)
+            utterance.emit(Delta(text, time.monotonic() - output.audio_arrived_at))
+        if output.finished:
+            seconds = utterance.num_client_samples / SAMPLE_RATE
+            utterance.emit(Done("".join(utterance.text_parts), seconds, utterance.num_tokens))
+            self.end(utterance, RequestStatus.FINISHED)
+
+    def fail(self, utterance: Utterance, code: str, message: str) -> None:
+        utterance.emit(Failed(code, message))
+        self.end(utterance, RequestStatus.ABORTED)
+
+    def end(self, utterance: Utterance, status: RequestStatus) -> None:
+        """Frees everything it held: cache references, device state, placeholders in flight."""
+        del self[utterance.id]
+        self.scheduler.finish_request(utterance.id, status)
+        self.runner.release(utterance.state)
+        utterance.request.drop_placeholders()
