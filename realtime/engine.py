@@ -21,7 +21,7 @@ from realtime.config import EngineConfig, EngineStats
 from realtime.events import Delta, EngineEvent
 from realtime.ingest import Ingest
 from realtime.utterance import Utterances
-from scheduler import RequestStatus, Scheduler, SchedulerOutput
+from scheduler import Scheduler, SchedulerOutput
 from voxtral.runner import ModelRunner, StepResult
 
 log = structlog.get_logger(__name__)
@@ -149,7 +149,7 @@ class Engine:
         elif (utterance := self.utterances.get(command.utterance_id)) is None:
             return
         elif isinstance(command, Abort):
-            self.utterances.end(utterance, RequestStatus.ABORTED)
+            self.utterances.end(utterance)
         elif utterance.request.input_finished:
             return
         elif isinstance(command, AppendAudio):

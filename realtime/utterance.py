@@ -10,7 +10,7 @@ import structlog
 from realtime.config import EngineConfig
 from realtime.events import Delta, Done, EngineEvent, Failed
 from realtime.ingest import Ingest, IngestBuffer
-from scheduler import Request, RequestStatus, Scheduler
+from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
 from voxtral.runner import ModelRunner, UtteranceOutput
@@ -102,15 +102,15 @@ class Utterances(dict[str, Utterance]):
         if output.finished:
             seconds = utterance.num_client_samples / SAMPLE_RATE
             utterance.emit(Done("".join(utterance.text_parts), seconds, utterance.num_tokens))
-            self.end(utterance, RequestStatus.FINISHED)
+            self.end(utterance)
 
     def fail(self, utterance: Utterance, code: str, message: str) -> None:
         utterance.emit(Failed(code, message))
-        self.end(utterance, RequestStatus.ABORTED)
+        self.end(utterance)
 
-    def end(self, utterance: Utterance, status: RequestStatus) -> None:
+    def end(self, utterance: Utterance) -> None:
         """Frees everything it held: cache references, device state, placeholders in flight."""
         del self[utterance.id]
-        self.scheduler.finish_request(utterance.id, status)
+        self.scheduler.finish_request(utterance.id)
         self.runner.release(utterance.state)
         utterance.request.drop_placeholders()

@@ -1,7 +1,7 @@
 """Audio items, a session's timeline, and the per-step scheduler."""
 
 from scheduler.items import AudioItem, PlaceholderRange, append_item, get_items_in_window
-from scheduler.request import PLACEHOLDER, Request, RequestStatus
+from scheduler.request import PLACEHOLDER, Request
 from scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
 
 __all__ = [
@@ -9,7 +9,6 @@ __all__ = [
     "AudioItem",
     "PlaceholderRange",
     "Request",
-    "RequestStatus",
     "ScheduledRequest",
     "Scheduler",
     "SchedulerConfig",

@@ -1,17 +1,10 @@
 """An utterance's timeline: its audio items, how far it is computed, and its output tokens."""
 
-import enum
 from dataclasses import dataclass, field
 
 from scheduler.items import AudioItem, append_item, get_items_in_window
 
 PLACEHOLDER = -1
-
-
-class RequestStatus(enum.Enum):
-    RUNNING = "running"
-    FINISHED = "finished"
-    ABORTED = "aborted"
 
 
 @dataclass
@@ -32,7 +25,6 @@ class Request:
     num_computed: int = 0
     num_available: int = 0
     input_finished: bool = False
-    status: RequestStatus = RequestStatus.RUNNING
     output_token_ids: list[int] = field(default_factory=list)
     num_placeholders: int = 0
     # Positions whose decoder inputs are known up front (a prompt): any number may run in
@@ -41,10 +33,6 @@ class Request:
     # Positions from here on keep their encoder outputs referenced even once computed
     # (a family that re-reads a window of past audio); None: only uncomputed positions.
     retain_from: int | None = None
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is not RequestStatus.RUNNING
 
     @property
     def num_pending(self) -> int:

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from cache.encoder_cache import EncoderCacheManager
 from scheduler.items import AudioItem
-from scheduler.request import Request, RequestStatus
+from scheduler.request import Request
 
 
 @dataclass
@@ -60,10 +60,10 @@ class Scheduler:
     Per request only the items overlapping its positions `[start, end)` are touched
     (two bisects), so a step costs the same at item 10 and item 32,768.
     The starting request rotates every step, and one that had audio but got nothing goes
-    first the next step. Only the position budget in its way, it is scheduled within
-    `len(requests)` steps; waiting for encoder-cache room, it also waits for the others to
-    consume the rows they hold (nobody else may allocate meanwhile, and every step
-    computes a position of theirs): within `len(requests) + encoder_cache_rows` steps.
+    first the next step: with only the position budget in its way, a request with audio
+    is scheduled within `len(requests)` steps. One waiting for encoder-cache room waits
+    until the rows it needs are free; meanwhile the requests after it may only use
+    inputs already cached, so a smaller input cannot keep jumping the queue.
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -81,12 +81,11 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} already scheduled")
         self.requests[request.request_id] = request
 
-    def finish_request(self, request_id: str, status: RequestStatus) -> None:
+    def finish_request(self, request_id: str) -> None:
         """Remove the session and drop every encoder-cache reference it held."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return
-        request.status = status
         self.encoder_cache.free(request_id)
 
     def _free_consumed_inputs(self, request: Request) -> None:

@@ -147,7 +147,7 @@ def test_soak_catches_a_leaking_server(whisper_model, tmp_path):
     leaky = ServerThread(WhisperRunner(whisper_model), ServerConfig())
     scheduler = leaky.engine.scheduler
     # The leak under test: a finished utterance's encoder-cache references are never dropped.
-    scheduler.finish_request = lambda request_id, status: scheduler.requests.pop(request_id, None)
+    scheduler.finish_request = lambda request_id: scheduler.requests.pop(request_id, None)
     try:
         result = voxrt(
             "soak",

@@ -18,7 +18,7 @@ def test_greedy_decoding_equals_transformers_generate(whisper_model, welcome):
     states = whisper_model.encode(batch)
     reference_states = whisper_model.model.model.encoder(batch).last_hidden_state
     assert torch.allclose(states, reference_states, atol=1e-5)
-    ours = whisper_model.decode(states, [[], []], [120, 120])
+    ours = whisper_model.decode(states, [120, 120])
     generated = whisper_model.model.generate(
         encoder_outputs=BaseModelOutput(last_hidden_state=reference_states), return_timestamps=True
     )
@@ -29,13 +29,17 @@ def test_greedy_decoding_equals_transformers_generate(whisper_model, welcome):
         assert hyp.segments and hyp.segments[0].start == 0.0
 
 
-def test_batched_decoding_with_prompts_is_batch_invariant(whisper_model, welcome):
+def text_ids(whisper_model, text: str) -> list[int]:
+    return whisper_model.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_batched_decoding_with_forced_prefixes_is_batch_invariant(whisper_model, welcome):
     samples, _ = welcome
     batch = torch.cat([features(samples[:64000], 1500), features(samples[32000:96000], 1500)])
     states = whisper_model.encode(batch)
-    prompt = whisper_model.encode_prompt(" Good morning everyone.")
-    together = whisper_model.decode(states, [prompt, []], [60, 60])
-    alone = [whisper_model.decode(states[i : i + 1], [p], [60])[0] for i, p in enumerate([prompt, []])]
+    prefix = [whisper_model.timestamp_begin, *text_ids(whisper_model, " Good morning everyone.")]
+    together = whisper_model.decode(states, [60, 60], [prefix, []])
+    alone = [whisper_model.decode(states[i : i + 1], [60], [f])[0] for i, f in enumerate([prefix, []])]
     for a, b in zip(together, alone, strict=True):
         assert a.token_ids == b.token_ids
         assert abs(a.avg_logprob - b.avg_logprob) < 1e-3
@@ -45,13 +49,13 @@ def test_window_prefix_cuts_at_words_and_shifts_timestamps(whisper_model):
     def ts(seconds: float) -> int:
         return whisper_model.timestamp_begin + round(seconds / 0.02)
 
-    good, today = whisper_model.encode_prompt(" Good morning."), whisper_model.encode_prompt(" Today we")
+    good, today = text_ids(whisper_model, " Good morning."), text_ids(whisper_model, " Today we")
     tokens = [ts(0.0), *good, ts(2.0), ts(2.0), *today, ts(4.0)]
     words = [w for s in whisper_model.segments(tokens) for w in s.text.split()]
     assert words == ["Good", "morning.", "Today", "we"]
     assert whisper_model.window_prefix(tokens, 0, 0, 0.0) == []
     assert whisper_model.window_prefix(tokens, 0, 2, 0.0) == [ts(0.0), *good, ts(2.0), ts(2.0)]
     # The window moved past the first segment: the rest starts at its own timestamp, moved back.
-    first_word_of_today = today[: len(whisper_model.encode_prompt(" Today"))]
+    first_word_of_today = today[: len(text_ids(whisper_model, " Today"))]
     assert whisper_model.window_prefix(tokens, 2, 1, 2.0) == [ts(0.0), *first_word_of_today]
     assert whisper_model.window_prefix(tokens, 2, 2, 2.0) == [ts(0.0), *today, ts(2.0)]

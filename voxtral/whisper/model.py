@@ -51,7 +51,6 @@ class WhisperModel:
         self.max_target_positions = config.max_target_positions
         self.eot = generation.eos_token_id
         self.sot = generation.decoder_start_token_id
-        self.sot_prev = generation.prev_sot_token_id
         self.no_timestamps = generation.no_timestamps_token_id
         self.no_speech = self.no_timestamps - 1  # <|nocaptions|>, just before <|notimestamps|>
         self.timestamp_begin = self.no_timestamps + 1
@@ -77,14 +76,6 @@ class WhisperModel:
         for layer in encoder.layers:
             x = layer(x, None)
         return encoder.layer_norm(x)
-
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def _initial_ids(self, prompt: list[int]) -> list[int]:
-        room = self.max_target_positions // 2 - 1
-        prefix = [self.sot_prev, *prompt[-room:]] if prompt else []
-        return [*prefix, self.sot]
 
     def _timestamp_rules(self, scores: torch.Tensor, generated: list[list[int]]) -> None:
         """Whisper's rules: timestamps pair up and never go back; the first token is one."""
@@ -114,7 +105,6 @@ class WhisperModel:
     def decode(
         self,
         encoder_states: torch.Tensor,
-        prompts: list[list[int]],
         max_new_tokens: list[int],
         forced: list[list[int]] | None = None,
     ) -> list[Hypothesis]:
@@ -124,17 +114,16 @@ class WhisperModel:
         window): they are read in one pass and decoding continues after them. Rows differ
         in length: they are left-padded, masked, and given their own positions.
         """
-        batch = len(prompts)
-        forced = forced or [[] for _ in prompts]
-        heads = [self._initial_ids(p) for p in prompts]
-        initial = [head + list(f) for head, f in zip(heads, forced, strict=True)]
+        batch = len(max_new_tokens)
+        forced = forced or [[] for _ in range(batch)]
+        initial = [[self.sot, *f] for f in forced]
         width = max(len(ids) for ids in initial)
         input_ids = torch.full((batch, width), self.eot, dtype=torch.long)
         mask = torch.zeros((batch, width), dtype=torch.long)
         for row, ids in enumerate(initial):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             mask[row, width - len(ids) :] = 1
-        sot_index = [width - len(ids) + len(head) - 1 for ids, head in zip(initial, heads, strict=True)]
+        sot_index = [width - len(ids) for ids in initial]
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())

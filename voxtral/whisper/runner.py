@@ -178,9 +178,8 @@ class WhisperRunner:
         frames = min(frames, self.model.max_frames)
         features = torch.stack([normalize_log_mel(w.raw[:, :frames], frames) for w in windows])
         states = self.model.encode(features)
-        # No previous-text prompt: with one, tiny.en skips the prompted words and stops
-        # closing timestamps, and the window could no longer be trimmed.
-        prompts: list[list[int]] = [[] for _ in windows]
+        # No previous-text prompt (<|startofprev|>): with one, tiny.en skips the prompted
+        # words and stops closing timestamps, and the window could no longer be trimmed.
         budgets = [
             min(
                 self.model.max_target_positions // 2,
@@ -189,7 +188,7 @@ class WhisperRunner:
             for w in windows
         ]
         forced = [w.state.prefix for w in windows]
-        hyps = self.model.decode(states, prompts, budgets, forced)
+        hyps = self.model.decode(states, budgets, forced)
         out: dict[int, Hypothesis | None] = {}
         for window, hyp in zip(windows, hyps, strict=True):
             silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
