@@ -15,24 +15,25 @@ REPEATS = 9
 
 
 class LinearScanScheduler(Scheduler):
-    """What a scheduler does without the window lookup and per-request index: scan every item."""
+    """What a scheduler does without the window lookup, the per-request index and compaction:
+    scan every item of the utterance's history."""
 
     def _free_consumed_inputs(self, request: Request) -> None:
         cached = self.encoder_cache.refs
         for input_id, item in enumerate(request.items):
             if item.mm_hash in cached and item.end <= request.num_computed:
-                self.encoder_cache.free_encoder_input(request, input_id)
+                self.encoder_cache.free_encoder_input(request.request_id, input_id)
 
     def _schedule_encoder_inputs(self, request, start, end, encoder_left):
-        to_encode: list[int] = []
+        cache, to_encode = self.encoder_cache, []
         for input_id, item in enumerate(request.items):
             if item.offset >= end or item.end <= start:
                 continue
-            if self.encoder_cache.check_and_update_cache(request, input_id):
+            if cache.check_and_update_cache(request.request_id, input_id, item.mm_hash):
                 continue
-            if not self.encoder_cache.can_allocate(request, input_id, encoder_left, 0):
+            if not cache.can_allocate(item.num_embeds, encoder_left):
                 return min(end, item.offset), to_encode
-            self.encoder_cache.allocate(request, input_id)
+            cache.allocate(request.request_id, input_id, item.mm_hash, item.num_embeds)
             to_encode.append(input_id)
         return end, to_encode
 
@@ -41,15 +42,18 @@ def item(i: int) -> AudioItem:
     return AudioItem(PlaceholderRange(i, 1), f"h{i}")
 
 
-def us_per_step(scheduler_cls: type[Scheduler], n: int) -> float:
+def us_per_step(scheduler_cls: type[Scheduler], n: int, hold_all: bool = False) -> float:
+    """`hold_all`: the family retains every item (nothing is compacted), so each lookup
+    bisects a list of `n` items; otherwise released items are compacted away, as in use."""
     best = float("inf")
     for _ in range(REPEATS):
         scheduler = scheduler_cls(SchedulerConfig(encoder_cache_rows=8192))
-        request = Request("s")
+        request = Request("s", retain_from=0 if hold_all else None)
         for i in range(n):
             request.add_item(item(i))
         request.num_computed = n
         scheduler.add_request(request)
+        scheduler.schedule()  # steady state: the history before `n` is already released
         new_items = [item(n + k) for k in range(STEPS)]
         t0 = time.perf_counter()
         for new in new_items:
@@ -74,14 +78,17 @@ def us_per_resolve(num_outputs: int) -> float:
 
 def main() -> None:
     ours = {n: us_per_step(Scheduler, n) for n in SIZES}
+    holding = {n: us_per_step(Scheduler, n, hold_all=True) for n in SIZES}
     linear = {n: us_per_step(LinearScanScheduler, n) for n in SIZES}
     resolve = {n: us_per_resolve(n) for n in (100, 60_000)}
     print(
         json.dumps(
             {
                 "us_per_step": {str(n): round(v, 2) for n, v in ours.items()},
+                "holding_all_items_us_per_step": {str(n): round(v, 2) for n, v in holding.items()},
                 "linear_us_per_step": {str(n): round(v, 2) for n, v in linear.items()},
                 "ratio_32k_over_100": round(ours[32_768] / ours[100], 3),
+                "holding_all_ratio_32k_over_100": round(holding[32_768] / holding[100], 3),
                 "linear_over_ours_32k": round(linear[32_768] / ours[32_768], 1),
                 "resolve_us": {str(n): round(v, 3) for n, v in resolve.items()},
                 "resolve_ratio_60k_over_100": round(resolve[60_000] / resolve[100], 3),

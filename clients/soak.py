@@ -173,7 +173,7 @@ async def soak(args: argparse.Namespace) -> dict:
     # All sessions have ended: every cache row they referenced must be back.
     end = scrape(http_base)
     for _ in range(100):
-        # KV slots come back once the device worker has run the release.
+        # The server's stats follow within a step.
         names = ("voxrt_utterances_active", "voxrt_engine_utterances", "voxrt_kv_slots_used")
         if all(end.get(name, 0) == 0 for name in names):
             break

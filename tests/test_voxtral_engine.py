@@ -218,3 +218,18 @@ def test_a_failed_device_step_fails_its_sessions_frees_them_and_the_engine_carri
     assert isinstance(events["after"][-1], Done)
     assert events["after"][-1].text == reference_text(path, reference_tokens(path, audio))
     assert_nothing_held(engine)
+
+
+def test_a_full_slot_pool_refuses_an_utterance_at_once(voxtral_dirs):
+    engine = voxtral_engine(voxtral_dirs["base"], max_sessions=1)
+    first, second = Feed(pieces(noise(1.0, seed=7), "whole")), Feed([])
+    engine.add_utterance("first", first.events.append)
+    engine.add_utterance("second", second.events.append)
+    started = time.monotonic()
+    engine.run_once()
+    assert time.monotonic() - started < 5, "taking a KV slot must never wait"
+    assert isinstance(second.events[-1], Failed) and second.events[-1].code == "too_many_sessions"
+    first.request = engine.scheduler.requests["first"]  # added already: `drive` only feeds it
+    drive(engine, {"first": first})
+    assert isinstance(first.events[-1], Done)
+    assert_nothing_held(engine)

@@ -50,7 +50,7 @@ def test_a_client_gets_generates_transcript_and_a_vanished_one_leaves_nothing(vo
         assert events[-1]["usage"]["completion_tokens"] == len(reference_tokens(path, audio))
 
         deadline = time.monotonic() + 30
-        # KV slots come back once the device worker has run the release.
+        # The stats snapshot follows within a step.
         held = ("voxrt_engine_utterances", "voxrt_kv_slots_used")
         while any((figures := metrics(url))[name] for name in held) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -104,9 +104,10 @@ def drive(engine: Engine, feeds: dict[str, Feed], max_steps: int = 100_000) -> N
 
 
 def wait_for_release(engine: Engine, seconds: float = 30) -> None:
-    """KV slots come back once the device worker has run every release queued before."""
+    """An ended utterance's encoder outputs leave the device worker's store once it has run
+    the steps queued before its release."""
     deadline = time.monotonic() + seconds
-    while engine.runner.num_slots_in_use and time.monotonic() < deadline:
+    while engine.runner.store and time.monotonic() < deadline:
         time.sleep(0.01)
 
 

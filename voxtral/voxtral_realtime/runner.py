@@ -7,7 +7,7 @@ in the order they were submitted. Sampled ids come back as data only: the engine
 fills the placeholders with them and detokenizes from the resolved ids.
 """
 
-import queue
+import heapq
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,15 +69,14 @@ class VoxtralRunner:
         self.samples_per_position = model.samples_per_position
         self.leading_silence_samples = model.left_pad_samples
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> audio embedding (worker-side)
-        # Lowest slot first: live sessions stay packed at the front, so a step's rows are
-        # usually a contiguous run of slots and attention reads the rings in place.
-        self._free_slots: queue.PriorityQueue[int] = queue.PriorityQueue()
-        for slot in range(model.num_slots):
-            self._free_slots.put(slot)
+        # A min-heap, engine thread only. Lowest slot first: live utterances stay packed at the
+        # front, so a step's rows are usually a contiguous run of slots and attention reads
+        # the rings in place.
+        self._free_slots = list(range(model.num_slots))
 
     @property
     def num_slots_in_use(self) -> int:
-        return self.model.num_slots - self._free_slots.qsize()
+        return self.model.num_slots - len(self._free_slots)
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig:
         if max_sessions > self.model.num_slots:
@@ -102,10 +101,9 @@ class VoxtralRunner:
 
     def new_state(self, request: Request) -> VoxtralStream:
         request.num_prompt = self.model.num_prompt
-        try:
-            slot = self._free_slots.get_nowait()
-        except queue.Empty as exc:
-            raise NoFreeSlot(f"all {self.model.num_slots} KV slots are taken (--max-sessions)") from exc
+        if not self._free_slots:
+            raise NoFreeSlot(f"all {self.model.num_slots} KV slots are taken (--max-sessions)")
+        slot = heapq.heappop(self._free_slots)
         return VoxtralStream(request.request_id, slot, Detokenizer(self.model.tekken))
 
     def detokenize(self, state: VoxtralStream, token_ids: list[int], final: bool) -> str:
@@ -113,14 +111,16 @@ class VoxtralRunner:
         return text + state.detokenizer.flush() if final else text
 
     def release(self, state: VoxtralStream) -> None:
-        self._worker.submit(self._release, state)
+        """The slot is free for the next utterance at once: the worker runs in submission
+        order, so this utterance's queued steps and cleanup run before the next one's reset."""
+        self._worker.submit(self._forget, state)
+        heapq.heappush(self._free_slots, state.slot)
 
-    def _release(self, state: VoxtralStream) -> None:
+    def _forget(self, state: VoxtralStream) -> None:
         prefix = state.request_id + "#"
         for mm_hash in [h for h in self.store if h.startswith(prefix)]:
             del self.store[mm_hash]
         state.done = True
-        self._free_slots.put(state.slot)
 
     # ---- engine thread -----------------------------------------------------------------------
 
