@@ -9,7 +9,7 @@ class EncoderCacheManager:
     An entry is referenced by `(request_id, input_id)` pairs, so one request that holds
     the same hash twice keeps it until both are freed. Unreferenced entries stay resident
     and are evicted least-recently-freed first, only when room is needed, unless
-    `keep_unreferenced` is off: a family whose outputs depend on the session's history
+    `keep_unreferenced` is off: a family whose outputs depend on the utterance's history
     can never reuse them, so they go as soon as the last reference does.
 
     It knows requests and inputs by plain ids only: the scheduler owns the requests.

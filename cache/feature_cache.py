@@ -57,7 +57,7 @@ class FeatureCache:
     def inject(self, mm_hashes: Sequence[str], features: Sequence[torch.Tensor]) -> bool:
         """Seed the cache with features a frontend already computed.
 
-        Returns False (and logs a warning) on bad input; the caller's session goes on,
+        Returns False (and logs a warning) on bad input; the caller's utterance goes on,
         it will only compute those features itself.
         """
         try:

@@ -17,7 +17,7 @@ class _EngineCollector:
         gauges = {
             "voxrt_engine_utterances": ("utterances inside the engine", stats.utterances),
             "voxrt_encoder_cache_rows": (
-                "encoder-cache rows referenced by sessions",
+                "encoder-cache rows referenced by utterances",
                 stats.encoder_cache_rows,
             ),
             "voxrt_encoder_cache_resident_rows": (

@@ -1,4 +1,4 @@
-"""Audio items, a session's timeline, and the per-step scheduler."""
+"""Audio items, an utterance's timeline, and the per-step scheduler."""
 
 from scheduler.items import AudioItem, PlaceholderRange, append_item, get_items_in_window
 from scheduler.request import PLACEHOLDER, Request

@@ -1,4 +1,4 @@
-"""Audio items on a session's token timeline and the O(log n) window lookup."""
+"""Audio items on an utterance's token timeline and the O(log n) window lookup."""
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field

@@ -1,4 +1,4 @@
-"""Decides, each step, which positions every session computes and which audio items get encoded."""
+"""Decides, each step, which positions every utterance computes and which audio items get encoded."""
 
 from dataclasses import dataclass, field
 
@@ -16,7 +16,7 @@ class ScheduledRequest:
     end: int
     item_lo: int
     item_hi: int
-    final: bool = False  # the session's last positions: its input is finished and all computed
+    final: bool = False  # the utterance's last positions: its input is finished and all computed
 
     @property
     def num_positions(self) -> int:
@@ -46,16 +46,16 @@ class SchedulerConfig:
     max_positions_per_step: int = 512
     max_encoder_rows_per_step: int = 4096
     encoder_cache_rows: int = 16384
-    # The most positions one session may take in a step; families whose decoder feeds
+    # The most positions one utterance may take in a step; families whose decoder feeds
     # back its own tokens compute one position at a time once their prompt is in.
     max_positions_per_request: int = 1 << 30
-    # False for encoders whose outputs depend on the session's history: no other input
+    # False for encoders whose outputs depend on the utterance's history: no other input
     # can ever hit them, so they leave the cache with their last reference.
     keep_unreferenced_encoder_outputs: bool = True
 
 
 class Scheduler:
-    """Round-robin over running sessions under a position budget and an encoder budget.
+    """Round-robin over running utterances under a position budget and an encoder budget.
 
     Per request only the items overlapping its positions `[start, end)` are touched
     (two bisects), so a step costs the same at item 10 and item 32,768.
@@ -82,7 +82,7 @@ class Scheduler:
         self.requests[request.request_id] = request
 
     def finish_request(self, request_id: str) -> None:
-        """Remove the session and drop every encoder-cache reference it held."""
+        """Remove the utterance and drop every encoder-cache reference it held."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return
@@ -121,7 +121,7 @@ class Scheduler:
             end = min(request.num_available, start + positions_left, start + limit)
             end, inputs = self._schedule_encoder_inputs(request, start, end, encoder_left)
             if end < request.num_available and end < start + limit and positions_left > end - start:
-                # Blocked on the encoder: sessions after it this step may use cached inputs
+                # Blocked on the encoder: requests after it this step may use cached inputs
                 # only, so a smaller input cannot keep jumping the queue.
                 encoder_left = 0
             if end <= start:
@@ -135,8 +135,8 @@ class Scheduler:
             encoder_left = max(0, encoder_left - sum(request.item(i).num_embeds for i in inputs))
             positions_left -= end - start
             request.num_computed = end
-        # A session that had audio but got nothing goes first next step: that bounds
-        # how long any session waits, however busy the others are.
+        # A request that had audio but got nothing goes first next step: that bounds
+        # how long any request waits, however busy the others are.
         self._cursor = first_blocked if first_blocked is not None else self._cursor + 1
         out.freed_mm_hashes = self.encoder_cache.get_freed_mm_hashes()
         return out

@@ -13,7 +13,7 @@ from voxtral.audio import pcm16_to_float32
 
 
 class ProtocolError(Exception):
-    """A client mistake: answered with an `error` event carrying `code`, the session goes on."""
+    """A client mistake: answered with an `error` event carrying `code`; the connection goes on."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -87,8 +87,9 @@ def _dump(event: dict) -> str:
 
 
 def session_created() -> tuple[str, str]:
-    session_id = f"sess-{uuid.uuid4().hex}"
-    return session_id, _dump({"type": "session.created", "id": session_id, "created": int(time.time())})
+    """A new connection's id (the wire calls it a session) and its `session.created` event."""
+    connection_id = f"sess-{uuid.uuid4().hex}"
+    return connection_id, _dump({"type": "session.created", "id": connection_id, "created": int(time.time())})
 
 
 def transcription_delta(text: str) -> str:

@@ -1,7 +1,7 @@
-"""Voxtral Realtime, batched across sessions: a streaming encoder step and a decoder step.
+"""Voxtral Realtime, batched across utterances: a streaming encoder step and a decoder step.
 
 The transformers model supplies the weights and the layer modules; this file runs
-them over many sessions at once, each with its own conv padding state and
+them over many utterances at once, each with its own conv padding state and
 sliding-window KV ring (`SlidingKV`), which `generate` would keep per call.
 """
 
@@ -20,7 +20,7 @@ from voxtral.voxtral_realtime.sliding_kv import Rows, SlidingKV, StepMask
 
 
 class VoxtralModel:
-    """Weights, tokenizer facts and per-slot streaming state for up to `num_slots` sessions."""
+    """Weights, tokenizer facts and per-slot streaming state for up to `num_slots` utterances."""
 
     def __init__(self, source: str | Path, device: torch.device, dtype: torch.dtype, num_slots: int) -> None:
         path = local_checkpoint(source)

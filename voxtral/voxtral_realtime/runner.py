@@ -81,7 +81,7 @@ class VoxtralRunner:
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig:
         if max_sessions > self.model.num_slots:
             raise ValueError(f"{max_sessions} sessions but the model has {self.model.num_slots} KV slots")
-        # Worst case every session prefills its whole prompt in one step.
+        # Worst case every utterance prefills its whole prompt in one step.
         rows = max_sessions * self.model.num_prompt
         return SchedulerConfig(
             max_positions_per_step=rows,

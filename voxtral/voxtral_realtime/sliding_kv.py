@@ -1,8 +1,8 @@
-"""Per-session ring buffers for sliding-window attention, and one batched attention call over them.
+"""Per-utterance ring buffers for sliding-window attention, and one batched attention call over them.
 
-A session owns a slot; a slot holds, for every layer, the keys and values of its recent
+An utterance owns a slot; a slot holds, for every layer, the keys and values of its recent
 positions and which absolute position each ring cell holds. Memory is fixed by the
-number of slots: it does not grow with session length or with sessions served.
+number of slots: it does not grow with an utterance's length or with utterances served.
 
 A step writes its new keys into the ring first and then attends over the ring alone
 (no concatenation). That is safe because the ring has `window + max_step - 1` cells:
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 @dataclass
 class Rows:
-    """One step's batch: row b is a session's new positions `[start, start + length)`, padded to Q."""
+    """One step's batch: row b is an utterance's new positions `[start, start + length)`, padded to Q."""
 
     slots: torch.Tensor  # (B,)
     positions: torch.Tensor  # (B, Q) absolute; padding continues past a row's last position

@@ -42,7 +42,7 @@ class WindowCommit:
 
 @dataclass
 class LocalAgreement:
-    """Commit state of one session's window.
+    """Commit state of one utterance's window.
 
     `window_words` are committed words heard in the current window: every new
     hypothesis of that window starts with them. `pending` is the previous

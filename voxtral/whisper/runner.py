@@ -1,4 +1,4 @@
-"""Whisper streamed: each step re-decodes every scheduled session's uncommitted window, batched."""
+"""Whisper streamed: each step re-decodes every scheduled utterance's uncommitted window, batched."""
 
 import zlib
 from concurrent.futures import Future
@@ -23,7 +23,7 @@ POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
 class WhisperPolicy:
     """Streaming knobs; defaults measured on tiny.en with the 2-core CPU (see README)."""
 
-    chunk_seconds: float = 1.0  # an item, and the cadence of a session's updates
+    chunk_seconds: float = 1.0  # an item, and the cadence of an utterance's updates
     # Hypotheses of a shorter window are unreliable (tiny.en hears "The Lord" for "Hello").
     min_decode_seconds: float = 2.0
     max_window_seconds: float = 24.0  # past this, commit what is there and move on
@@ -109,7 +109,7 @@ class WhisperRunner:
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> device copy of an item's log-mel
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig:
-        # Every session keeps its whole window referenced: size the cache for all of them.
+        # Every utterance keeps its whole window referenced: size the cache for all of them.
         window = int((self.policy.max_window_seconds + 4 * self.policy.chunk_seconds) * POSITIONS_PER_SECOND)
         return SchedulerConfig(
             max_positions_per_step=max_sessions * window,
