@@ -11,12 +11,12 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import numpy as np
 import structlog
 
 from cache import FeatureCache
+from realtime.commands import Abort, AddUtterance, AppendAudio, Command, FinishInput
 from realtime.config import EngineConfig, EngineStats
 from realtime.events import Delta, EngineEvent
 from realtime.ingest import Ingest
@@ -25,33 +25,6 @@ from scheduler import Scheduler, SchedulerOutput
 from voxtral.runner import ModelRunner, StepResult
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass
-class AddUtterance:
-    utterance_id: str
-    on_event: Callable[[EngineEvent], None]
-
-
-@dataclass
-class AppendAudio:
-    utterance_id: str
-    samples: np.ndarray
-    arrived_at: float
-
-
-@dataclass
-class FinishInput:
-    utterance_id: str
-    arrived_at: float
-
-
-@dataclass
-class Abort:
-    utterance_id: str
-
-
-Command = AddUtterance | AppendAudio | FinishInput | Abort
 
 
 class Engine:

@@ -1,0 +1,35 @@
+"""What other threads ask of the engine: typed commands, applied in order on the engine thread."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from realtime.events import EngineEvent
+
+
+@dataclass
+class AddUtterance:
+    utterance_id: str
+    on_event: Callable[[EngineEvent], None]
+
+
+@dataclass
+class AppendAudio:
+    utterance_id: str
+    samples: np.ndarray
+    arrived_at: float
+
+
+@dataclass
+class FinishInput:
+    utterance_id: str
+    arrived_at: float
+
+
+@dataclass
+class Abort:
+    utterance_id: str
+
+
+Command = AddUtterance | AppendAudio | FinishInput | Abort
