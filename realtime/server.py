@@ -64,18 +64,32 @@ class RealtimeServer:
         expected = f"Bearer {self.config.api_key}"
         return hmac.compare_digest(given.encode(), expected.encode())
 
+    def _health(self, connection: ServerConnection, path: str) -> Response:
+        """`/health/live`: the engine thread runs. `/health/ready`: also accepting new connections
+        (not draining, not at `--max-sessions`). `/health`: liveness, with the figures."""
+        if not self.engine.alive:
+            status = "engine_dead"
+        elif self.draining:
+            status = "draining"
+        elif len(self.connections) >= self.config.max_sessions:
+            status = "at_capacity"
+        else:
+            status = "ok"
+        healthy = status == "ok" or (path != "/health/ready" and status != "engine_dead")
+        body = {
+            "status": status,
+            "model": self.model_label,
+            "connections": len(self.connections),
+            "max_sessions": self.config.max_sessions,
+            "utterances": self.engine.stats().utterances,
+        }
+        code = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
+        return self._respond(connection, code, json.dumps(body) + "\n", "application/json")
+
     async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        if path == "/health":
-            status = "ok" if self.engine.alive else "engine_dead"
-            body = {
-                "status": "draining" if self.draining else status,
-                "model": self.model_label,
-                "connections": len(self.connections),
-                "utterances": self.engine.stats().utterances,
-            }
-            code = HTTPStatus.OK if self.engine.alive else HTTPStatus.SERVICE_UNAVAILABLE
-            return self._respond(connection, code, json.dumps(body) + "\n", "application/json")
+        if path in ("/health", "/health/live", "/health/ready"):
+            return self._health(connection, path)
         if path == "/metrics":
             return self._respond(
                 connection, HTTPStatus.OK, self.metrics.render().decode(), "text/plain; version=0.0.4"

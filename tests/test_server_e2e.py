@@ -32,6 +32,15 @@ def server(whisper_model):
     harness.stop()
 
 
+def health(server: ServerThread, path: str) -> tuple[int, str]:
+    """The status code and `status` of a health endpoint, 503 included."""
+    try:
+        code, body = server.get(path)
+    except urllib.error.HTTPError as error:
+        code, body = error.code, error.read().decode()
+    return code, json.loads(body)["status"]
+
+
 def wait_until_idle(server: ServerThread, timeout: float = 30) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
@@ -153,11 +162,19 @@ def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
             harness.connect(additional_headers={"Authorization": "Bearer wrong"})
         assert refused.value.response.status_code == 401
         auth = {"additional_headers": {"Authorization": "Bearer s3cret"}}
+        assert health(harness, "/health/ready") == (200, "ok")
         with harness.connect(**auth), harness.connect(**auth):
             with pytest.raises(InvalidStatus) as refused:
                 harness.connect(**auth)
             assert refused.value.response.status_code == 503
             assert json.loads(refused.value.response.body)["code"] == "too_many_sessions"
+            # Full: a load balancer sends it no new sessions, but it is alive.
+            assert health(harness, "/health/ready") == (503, "at_capacity")
+            assert health(harness, "/health/live") == (200, "at_capacity")
+        deadline = time.monotonic() + 10
+        while health(harness, "/health/ready")[0] != 200:
+            assert time.monotonic() < deadline, "never ready again after the connections closed"
+            time.sleep(0.05)
         metrics = harness.metrics()
         assert metrics["voxrt_errors_total{code=unauthorized}"] == 2
         assert metrics["voxrt_errors_total{code=too_many_sessions}"] == 1
@@ -294,10 +311,8 @@ def test_a_dead_engine_turns_health_unready(whisper_model, monkeypatch):
     try:
         assert harness.get("/health")[0] == 200
         kill_engine_thread(harness.engine, monkeypatch)
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            harness.get("/health")
-        assert refused.value.code == 503
-        assert json.loads(refused.value.read())["status"] == "engine_dead"
+        for path in ("/health", "/health/live", "/health/ready"):
+            assert health(harness, path) == (503, "engine_dead")
     finally:
         harness.stop()
 
