@@ -7,10 +7,8 @@ import numpy as np
 
 from cache import FeatureCache
 from scheduler import AudioItem, PlaceholderRange
-from voxtral.audio import RIGHT_CONTEXT
+from voxtral.audio import LEFT_CONTEXT, RIGHT_CONTEXT
 from voxtral.runner import ModelRunner
-
-LEFT_CONTEXT = 400  # samples of the previous chunk an item's first frames see
 
 
 def _no_samples() -> np.ndarray:

@@ -28,6 +28,7 @@ def _window() -> np.ndarray:
     return np.hanning(N_FFT + 1)[:-1].astype(np.float32)  # periodic, as torch.hann_window
 
 
+LEFT_CONTEXT = N_FFT // 2  # samples before a chunk that its first frame sees
 RIGHT_CONTEXT = N_FFT // 2 - HOP  # samples past a chunk that its last frame sees
 
 
@@ -48,7 +49,7 @@ def raw_log_mel(
     if len(samples) % HOP:
         raise ValueError(f"chunk of {len(samples)} samples is not a multiple of {HOP}")
     half = N_FFT // 2
-    left = left_context[-half:]
+    left = left_context[-LEFT_CONTEXT:]
     right = right_context[:RIGHT_CONTEXT]
     padded = np.concatenate(
         [
