@@ -28,6 +28,8 @@ class Utterance:
 
     text: str = ""
     deltas: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, delta)
+    # (seconds since start, the unstable tail after `text`), when asked for with `interim`
+    interims: list[tuple[float, str]] = field(default_factory=list)
     done: dict | None = None
     done_at: float | None = None  # seconds since start when `transcription.done` arrived
     errors: list[dict] = field(default_factory=list)
@@ -60,19 +62,26 @@ async def stream_utterance(
     chunk_ms: int = 100,
     speed: float = 1.0,
     on_event: Callable[[dict], None] | None = None,
+    interim: bool = False,
 ) -> Utterance:
-    """Stream `samples` paced at `speed` x real time (0: as fast as possible), then wait for done."""
+    """Stream `samples` paced at `speed` x real time (0: as fast as possible), then wait for done.
+
+    Paced like a microphone: a chunk is sent once it has been captured, so time 0 (the
+    start of every timestamp in the result) is when the first sample was heard.
+    """
     result = Utterance()
     started = time.monotonic()
 
     async def send_all() -> None:
+        if interim:
+            await connection.send(json.dumps({"type": "session.update", "interim": True}))
         await commit(connection)
         chunk = int(SAMPLE_RATE * chunk_ms / 1000)
         for offset in range(0, len(samples), chunk):
-            await send_audio(connection, samples[offset : offset + chunk])
             if speed > 0:
                 due = started + (offset + chunk) / SAMPLE_RATE / speed
                 await asyncio.sleep(max(0.0, due - time.monotonic()))
+            await send_audio(connection, samples[offset : offset + chunk])
         await commit(connection, final=True)
 
     sender = asyncio.create_task(send_all())
@@ -85,6 +94,8 @@ async def stream_utterance(
             if kind == "transcription.delta":
                 result.deltas.append((time.monotonic() - started, event["delta"]))
                 result.text += event["delta"]
+            elif kind == "transcription.interim":
+                result.interims.append((time.monotonic() - started, event["text"]))
             elif kind == "transcription.done":
                 result.done, result.done_at = event, time.monotonic() - started
                 result.text = event["text"]

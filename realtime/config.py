@@ -1,7 +1,9 @@
 """The engine's settings, and the snapshot of its state it publishes."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from voxtral.vad import VadConfig
 
 if TYPE_CHECKING:
     from realtime.engine import Engine
@@ -12,6 +14,7 @@ class EngineConfig:
     max_sessions: int = 64
     max_session_seconds: float = 4 * 3600.0
     feature_cache_bytes: int = 64 << 20
+    vad: VadConfig = field(default_factory=VadConfig)
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class EngineStats:
     steps: int = 0
     tokens: int = 0
     kv_slots_used: int = 0
+    vad_calls: int = 0  # batched VAD calls: at most one per step
 
     @classmethod
     def take(cls, engine: "Engine") -> "EngineStats":
@@ -35,5 +39,5 @@ class EngineStats:
         return cls(
             len(engine.utterances), cache.num_referenced_rows, cache.num_used_rows, cache.capacity_rows,
             features.queries, features.hits, features.num_bytes, engine.num_steps, engine.num_tokens,
-            engine.runner.num_slots_in_use,
+            engine.runner.num_slots_in_use, engine.vad.calls,
         )  # fmt: skip

@@ -9,7 +9,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from realtime.engine import Engine
-from realtime.events import Delta, Done, EngineEvent, Failed
+from realtime.events import Delta, Done, EngineEvent, Failed, Interim, SpeechStarted, SpeechStopped
 from realtime.metrics import Metrics
 from realtime.protocols import vllm as protocol
 from realtime.protocols.vllm import AudioAppend, Commit, ProtocolError, SessionUpdate
@@ -48,6 +48,7 @@ class Connection:
         self.loop = asyncio.get_running_loop()
         self.utterance: str | None = None  # engine id of the running utterance
         self.finishing = False
+        self.interim = False  # the client asked for `transcription.interim`
         self.num_utterances = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -115,6 +116,8 @@ class Connection:
             if isinstance(event, SessionUpdate):
                 if event.model is not None and event.model not in self.limits.model_names:
                     raise ProtocolError("unknown_model", f"unknown model {event.model!r}")
+                if event.interim is not None:
+                    self.interim = event.interim
             elif isinstance(event, AudioAppend):
                 if self.finishing:
                     raise ProtocolError("input_finished", "audio after the final commit: wait for done")
@@ -154,7 +157,11 @@ class Connection:
             self.engine.finish_input(self.utterance)
 
     def _on_engine_event(self, utterance: str, event: EngineEvent) -> None:
-        if utterance != self.utterance:
+        if utterance != self.utterance or isinstance(event, SpeechStarted | SpeechStopped):
+            return  # vLLM's wire has no turn events
+        if isinstance(event, Interim):
+            if self.interim:
+                self.send(protocol.transcription_interim(event.text))
             return
         if isinstance(event, Delta):
             self.num_deltas += 1

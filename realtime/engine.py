@@ -18,11 +18,12 @@ import structlog
 from cache import FeatureCache
 from realtime.commands import Abort, AddUtterance, AppendAudio, Command, FinishInput
 from realtime.config import EngineConfig, EngineStats
-from realtime.events import Delta, EngineEvent
+from realtime.events import Done, EngineEvent, Failed
 from realtime.ingest import Ingest
 from realtime.utterance import Utterances
 from scheduler import Scheduler, SchedulerOutput
 from voxtral.runner import ModelRunner, StepResult
+from voxtral.vad import Vad
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +37,7 @@ class Engine:
         self.scheduler = Scheduler(runner.scheduler_config(self.config.max_sessions))
         self.feature_cache = FeatureCache(self.config.feature_cache_bytes)
         self.utterances = Utterances(runner, self.scheduler, Ingest(runner, self.feature_cache), self.config)
+        self.vad = Vad(self.config.vad)
         self.on_step: Callable[[float, int], None] | None = None  # (model seconds, utterances)
         self.num_steps = self.num_tokens = 0
         self.model_seconds = 0.0  # summed over steps: with steps in flight, overlaps host work
@@ -75,7 +77,7 @@ class Engine:
         self.add_utterance(utterance_id, lambda event: loop.call_soon_threadsafe(inbox.put_nowait, event))
 
         async def until_ended() -> AsyncIterator[EngineEvent]:
-            while isinstance(event := await inbox.get(), Delta):
+            while not isinstance(event := await inbox.get(), Done | Failed):
                 yield event
             yield event
 
@@ -136,6 +138,7 @@ class Engine:
         With two steps in flight the host schedules step N+1 and hands out step N-1's
         text while the device runs step N.
         """
+        self.utterances.detect_turns(self.vad)
         out = self.scheduler.schedule()
         if out.scheduled:
             states = {

@@ -1,4 +1,4 @@
-"""What the engine tells a listener about its utterance, in order: deltas, then `Done` or `Failed`."""
+"""What the engine tells a listener about its utterance, in order, ending with `Done` or `Failed`."""
 
 from dataclasses import dataclass
 
@@ -7,6 +7,21 @@ from dataclasses import dataclass
 class Delta:
     text: str  # committed text, appended to what came before
     latency: float  # seconds since the audio this text came from arrived
+
+
+@dataclass
+class Interim:
+    text: str  # the unstable tail after the committed text so far; replaces the previous one
+
+
+@dataclass
+class SpeechStarted:
+    audio_ms: int  # into the utterance's audio
+
+
+@dataclass
+class SpeechStopped:
+    audio_ms: int  # where the speech ended; sent once silence has lasted the VAD's `silence_ms`
 
 
 @dataclass
@@ -22,4 +37,4 @@ class Failed:
     message: str
 
 
-EngineEvent = Delta | Done | Failed
+EngineEvent = Delta | Interim | SpeechStarted | SpeechStopped | Done | Failed

@@ -38,6 +38,7 @@ class _EngineCollector:
             "voxrt_feature_cache_hits": ("feature-cache hits", stats.feature_cache_hits),
             "voxrt_engine_steps": ("engine steps run", stats.steps),
             "voxrt_tokens": ("tokens decoded", stats.tokens),
+            "voxrt_vad_calls": ("batched VAD calls (all utterances' new audio at once)", stats.vad_calls),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)

@@ -8,12 +8,13 @@ import numpy as np
 import structlog
 
 from realtime.config import EngineConfig
-from realtime.events import Delta, Done, EngineEvent, Failed
+from realtime.events import Delta, Done, EngineEvent, Failed, Interim, SpeechStarted, SpeechStopped
 from realtime.ingest import Ingest, IngestBuffer
 from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
 from voxtral.runner import ModelRunner, UtteranceOutput
+from voxtral.vad import Turn, Vad, VadStream
 
 log = structlog.get_logger(__name__)
 
@@ -27,6 +28,8 @@ class Utterance:
     state: object
     on_event: Callable[[EngineEvent], None]
     buffer: IngestBuffer = field(default_factory=IngestBuffer)
+    vad: VadStream = field(default_factory=VadStream)
+    interim: str = ""  # the last `Interim` sent
     text_parts: list[str] = field(default_factory=list)  # the deltas sent, joined once at the end
     num_tokens: int = 0
     num_client_samples: int = 0  # what the client sent, without the family's padding
@@ -75,6 +78,7 @@ class Utterances(dict[str, Utterance]):
             self.fail(utterance, "session_too_long", limit)
         else:
             self._ingest(utterance, samples, arrived_at)
+            utterance.vad.feed(samples)
 
     def finish_input(self, utterance: Utterance, arrived_at: float) -> None:
         """The family's trailing silence, then the final item: what is buffered, padded."""
@@ -88,6 +92,24 @@ class Utterances(dict[str, Utterance]):
         for item in self.ingest.append(utterance.buffer, samples, utterance.id, arrived_at):
             utterance.request.add_item(item)
 
+    def detect_turns(self, vad: Vad) -> None:
+        """VAD over every utterance's new audio in one batched call; each turn goes to the
+        family (endpointing, skipping silence) and to the listener. Input that ends during
+        speech ends the turn there."""
+        live = [
+            u for u in self.values() if u.vad.whole_frames() or (u.request.input_finished and u.vad.speaking)
+        ]
+        for utterance, turns in zip(live, vad.run([u.vad for u in live]), strict=True):
+            if utterance.request.input_finished and utterance.vad.speaking:
+                utterance.vad.speaking = False
+                turns.append(Turn(False, utterance.num_client_samples * 1000 // SAMPLE_RATE))
+            for turn in turns:
+                sample = self.runner.leading_silence_samples + turn.audio_ms * SAMPLE_RATE // 1000
+                self.runner.turn(utterance.state, turn.speaking, sample // self.runner.samples_per_position)
+                utterance.emit(
+                    SpeechStarted(turn.audio_ms) if turn.speaking else SpeechStopped(turn.audio_ms)
+                )
+
     def deliver(self, utterance: Utterance, output: UtteranceOutput) -> None:
         """A step's output: sampled ids fill the placeholders, and the text comes from the resolved ids."""
         utterance.num_tokens += output.num_tokens
@@ -99,6 +121,9 @@ class Utterances(dict[str, Utterance]):
         if text:
             utterance.text_parts.append(text)
             utterance.emit(Delta(text, time.monotonic() - output.audio_arrived_at))
+        if output.interim is not None and output.interim != utterance.interim and not output.finished:
+            utterance.interim = output.interim
+            utterance.emit(Interim(output.interim))
         if output.finished:
             seconds = utterance.num_client_samples / SAMPLE_RATE
             utterance.emit(Done("".join(utterance.text_parts), seconds, utterance.num_tokens))

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v espeak-ng >/dev/null || need+=(espeak-ng)
 command -v sox >/dev/null || need+=(sox)
+command -v flite >/dev/null || need+=(flite)  # a second speech engine for benchmarks/speech.py
 ldconfig -p 2>/dev/null | grep -q libportaudio.so.2 || need+=(libportaudio2)
 if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

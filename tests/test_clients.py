@@ -9,10 +9,11 @@ import time
 
 import pytest
 
+from benchmarks.text import word_error_rate
 from clients import mic, soak
 from realtime.config import EngineConfig
 from realtime.server import ServerConfig
-from tests.conftest import ROOT, SAMPLES, word_error_rate
+from tests.conftest import ROOT, SAMPLES
 from tests.server_harness import ServerThread
 from voxtral.whisper.runner import WhisperRunner
 

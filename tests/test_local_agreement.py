@@ -2,7 +2,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from voxtral.whisper.model import Hypothesis, Segment
-from voxtral.whisper.policy import LocalAgreement
+from voxtral.whisper.policy import WindowCommitter
 
 
 def hyp(*segments: tuple[float, float | None, str]) -> Hypothesis:
@@ -10,7 +10,7 @@ def hyp(*segments: tuple[float, float | None, str]) -> Hypothesis:
 
 
 def test_commits_what_two_hypotheses_agree_on():
-    agreement = LocalAgreement()
+    agreement = WindowCommitter()
     assert agreement.update(hyp((0, None, " Good morning and")), False, False).text == ""
     commit = agreement.update(hyp((0, None, " Good morning, everyone.")), False, False)
     assert commit.text == "Good morning,"
@@ -18,7 +18,7 @@ def test_commits_what_two_hypotheses_agree_on():
 
 
 def test_whole_segment_committed_moves_the_window():
-    agreement = LocalAgreement()
+    agreement = WindowCommitter()
     agreement.update(hyp((0, 2.0, " Good morning."), (2.0, None, " Today we")), False, False)
     commit = agreement.update(hyp((0, 2.0, " Good morning."), (2.0, None, " Today we will")), False, False)
     assert commit.text == "Good morning. Today we"
@@ -27,36 +27,54 @@ def test_whole_segment_committed_moves_the_window():
 
 
 def test_reworded_committed_words_are_realigned():
-    agreement = LocalAgreement(window_words=["sea", "shells", "by"], pending=["the", "shore"])
+    agreement = WindowCommitter(window_words=["sea", "shells", "by"], pending=["the", "shore"])
     commit = agreement.update(hyp((0, None, " seashells by the shore today")), False, False)
     assert commit.text == "the shore"
 
 
-def test_final_commits_everything_and_clears():
-    agreement = LocalAgreement(window_words=["Thank"], pending=["you"])
-    commit = agreement.update(hyp((0, None, " Thank you for listening.")), True, False)
-    assert commit.text == "you for listening." and commit.clear
+def test_commit_all_commits_everything_and_keeps_it_as_context():
+    agreement = WindowCommitter(window_words=["Thank"], pending=["you"])
+    commit = agreement.update(hyp((0, None, " Thank you for listening.")), True, False, heard_words=1)
+    assert commit.text == "you for listening." and not commit.clear and commit.interim == ""
+    assert agreement.window_words == ["Thank", "you", "for", "listening."]
+
+
+def test_local_agreement_commits_only_heard_words_and_shows_the_rest_as_interim():
+    agreement = WindowCommitter()
+    agreement.update(hyp((0, None, " Good morning, every")), False, False)
+    commit = agreement.update(hyp((0, None, " Good morning, everyone here")), False, False, heard_words=1)
+    assert commit.text == "Good" and commit.interim == "morning, everyone here"
+
+
+def test_alignatt_commits_heard_words_at_once():
+    agreement = WindowCommitter(agree=False)
+    commit = agreement.update(hyp((0, None, " Good morning, every")), False, False, heard_words=2)
+    assert commit.text == "Good morning," and commit.interim == "every"
+    commit = agreement.update(
+        hyp((0, None, " Good morning, everyone here today")), False, False, heard_words=4
+    )
+    assert commit.text == "everyone here" and commit.interim == "today"
 
 
 def test_no_speech_clears_only_an_uncommitted_window():
-    assert LocalAgreement().update(None, False, False).clear
-    assert not LocalAgreement(window_words=["Hi"]).update(None, False, False).clear
+    assert WindowCommitter().update(None, False, False).clear
+    assert not WindowCommitter(window_words=["Hi"]).update(None, False, False).clear
 
 
 def test_force_trim_commits_up_to_the_last_closed_segment():
-    agreement = LocalAgreement()
+    agreement = WindowCommitter()
     commit = agreement.update(hyp((0, 9.0, " One two."), (9.0, None, " three")), False, True)
     assert commit.text == "One two." and commit.trim_seconds == 9.0
 
 
 def test_a_dropped_committed_word_loses_nothing():
-    agreement = LocalAgreement(window_words=["The"], pending=["children", "played"])
+    agreement = WindowCommitter(window_words=["The"], pending=["children", "played"])
     commit = agreement.update(hyp((0, None, " children played on the grass")), False, False)
     assert commit.text == "children played"
 
 
 def test_a_corrected_last_word_is_not_repeated():
-    agreement = LocalAgreement(window_words=["walk", "their", "nogs."], pending=["The", "children"])
+    agreement = WindowCommitter(window_words=["walk", "their", "nogs."], pending=["The", "children"])
     commit = agreement.update(hyp((0, None, " walk their dogs. The children played")), False, False)
     assert commit.text == "The children"
 
@@ -69,7 +87,7 @@ def test_a_corrected_last_word_is_not_repeated():
 )
 def test_a_steady_model_gets_every_word_committed_once(words, growth):
     """Hypotheses that only ever grow (a model that never changes its mind) lose and repeat nothing."""
-    agreement = LocalAgreement()
+    agreement = WindowCommitter()
     committed: list[str] = []
     heard = 0
     for step in growth:

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from benchmarks.text import word_error_rate
 from realtime.config import EngineConfig
 from realtime.engine import Engine
 from realtime.server import RealtimeServer, ServerConfig
-from tests.conftest import espeak, word_error_rate
+from tests.conftest import espeak
 from tests.server_harness import ServerThread, append_event, events_until, expect_error, stream
 from voxtral.whisper.runner import WhisperRunner
 

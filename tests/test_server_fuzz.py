@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.text import word_error_rate
 from realtime.server import ServerConfig
-from tests.conftest import word_error_rate
 from tests.server_harness import ServerThread, append_event, events_until
 from voxtral.whisper.runner import WhisperRunner
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import WhisperForConditionalGeneration, WhisperTokenizerFast
 
-from tests.conftest import word_error_rate
+from benchmarks.text import word_error_rate
 from voxtral.whisper.ct2 import CT2FormatError, read_ct2_model
 from voxtral.whisper.weights import (
     WeightsError,

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 from transformers import WhisperFeatureExtractor, WhisperTokenizerFast
 
+from benchmarks.text import word_error_rate
 from realtime.engine import Engine
 from realtime.events import Delta, Done
-from tests.conftest import espeak, word_error_rate
+from tests.conftest import espeak
 from voxtral.whisper.runner import WhisperRunner
 
 # Each voice reads its own passage, so a session that read another's window would fail.

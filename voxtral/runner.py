@@ -18,6 +18,7 @@ class UtteranceOutput:
 
     token_ids: list[int] = field(default_factory=list)  # sampled ids, for its placeholders in order
     text: str = ""  # text a windowed policy committed (families that re-decode, not sample)
+    interim: str | None = None  # a windowed policy's uncommitted tail, when it has a new one
     num_tokens: int = 0  # tokens decoded for it (usage)
     finished: bool = False  # its last output: the utterance is done
     audio_arrived_at: float = 0.0  # when the audio this output came from reached the server
@@ -63,6 +64,10 @@ class ModelRunner(Protocol):
 
     def detokenize(self, state: object, token_ids: list[int], final: bool) -> str:
         """Text of resolved token ids, appended to what came before; `final` flushes the tail."""
+        ...
+
+    def turn(self, state: object, speaking: bool, position: int) -> None:
+        """The VAD heard speech start (or stop, after enough silence) at `position`."""
         ...
 
     def release(self, state: object) -> None:

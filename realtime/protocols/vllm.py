@@ -24,6 +24,7 @@ class ProtocolError(Exception):
 @dataclass
 class SessionUpdate:
     model: str | None
+    interim: bool | None  # voxrt's extension: also send `transcription.interim`
 
 
 @dataclass
@@ -78,7 +79,9 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
     if kind == "input_audio_buffer.commit":
         return Commit(bool(_field(event, "final", bool, required=False)))
     if kind == "session.update":
-        return SessionUpdate(_field(event, "model", str, required=False))
+        return SessionUpdate(
+            _field(event, "model", str, required=False), _field(event, "interim", bool, False)
+        )
     raise ProtocolError("unknown_event", f"Unknown event type: {kind[:200]}")
 
 
@@ -94,6 +97,11 @@ def session_created() -> tuple[str, str]:
 
 def transcription_delta(text: str) -> str:
     return _dump({"type": "transcription.delta", "delta": text})
+
+
+def transcription_interim(text: str) -> str:
+    """The unstable tail after the committed text (replaces the previous one; "" clears it)."""
+    return _dump({"type": "transcription.interim", "text": text})
 
 
 def transcription_done(text: str, audio_seconds: float, num_tokens: int) -> str:

@@ -110,6 +110,9 @@ class VoxtralRunner:
         text = "".join(state.detokenizer.add(token) for token in token_ids)
         return text + state.detokenizer.flush() if final else text
 
+    def turn(self, state: VoxtralStream, speaking: bool, position: int) -> None:
+        """Voxtral needs no endpointing: each position's token is final when it is sampled."""
+
     def release(self, state: VoxtralStream) -> None:
         """The slot is free for the next utterance at once: the worker runs in submission
         order, so this utterance's queued steps and cleanup run before the next one's reset."""

@@ -1,6 +1,6 @@
 """Whisper on any window length, with batched greedy decoding under Whisper's timestamp rules."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -9,6 +9,7 @@ from transformers import WhisperForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from voxtral.errors import WeightsError
+from voxtral.whisper.alignment import AlignmentHeads
 
 SECONDS_PER_TIMESTAMP = 0.02
 
@@ -22,10 +23,14 @@ class Segment:
 
 @dataclass
 class Hypothesis:
-    token_ids: list[int]
+    token_ids: list[int]  # the forced prefix, then the generated tokens
     segments: list[Segment]
     no_speech_prob: float
     avg_logprob: float
+    num_forced: int = 0
+    # For each generated token, the encoder frame (20 ms) the alignment heads attended
+    # to most while predicting it: where in the window the token was heard.
+    frames: list[int] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -61,6 +66,9 @@ class WhisperModel:
         self.suppress[self.no_timestamps] = True
         self.begin_suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
         self.begin_suppress[list(config.begin_suppress_tokens or [])] = True
+        if not generation.alignment_heads:
+            raise WeightsError(f"{path / 'generation_config.json'} lists no alignment_heads")
+        self.alignment = AlignmentHeads(self.model.model.decoder, generation.alignment_heads)
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor) -> torch.Tensor:
@@ -128,6 +136,7 @@ class WhisperModel:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         generated: list[list[int]] = [list(f) for f in forced]
+        frames: list[list[int]] = [[] for _ in range(batch)]
         num_new = [0] * batch
         sum_logprob = [0.0] * batch
         done = [False] * batch
@@ -142,6 +151,7 @@ class WhisperModel:
                 use_cache=True,
             ).last_hidden_state
             scores = self.model.proj_out(hidden[:, -1]).float()
+            heard_at = self.alignment.frames(cache).tolist()
             if step == 0:
                 at_sot = self.model.proj_out(hidden[torch.arange(batch), sot_index]).float()
                 no_speech_prob = torch.softmax(at_sot, dim=-1)[:, self.no_speech].tolist()
@@ -160,6 +170,7 @@ class WhisperModel:
                     done[row] = True
                     continue
                 generated[row].append(token)
+                frames[row].append(heard_at[row])
                 num_new[row] += 1
                 if num_new[row] >= max_new_tokens[row]:
                     done[row] = True
@@ -171,7 +182,12 @@ class WhisperModel:
             positions = positions[:, -1:] + 1
         return [
             Hypothesis(
-                tokens, self.segments(tokens), no_speech_prob[row], sum_logprob[row] / (num_new[row] + 1)
+                tokens,
+                self.segments(tokens),
+                no_speech_prob[row],
+                sum_logprob[row] / (num_new[row] + 1),
+                len(forced[row]),
+                frames[row],
             )
             for row, tokens in enumerate(generated)
         ]
@@ -188,6 +204,20 @@ class WhisperModel:
             starts.append(piece.startswith("Ġ") or after_timestamp)
             after_timestamp = False
         return starts
+
+    def words_heard(self, hyp: Hypothesis, before_frame: int) -> int:
+        """How many words of `hyp` (its forced ones included) were heard whole before `before_frame`.
+
+        Generation is read up to the first token the alignment heads placed at or after
+        that frame; a word that token continues was not heard whole.
+        """
+        words = 0
+        for i, (token, starts) in enumerate(zip(hyp.token_ids, self.word_starts(hyp.token_ids), strict=True)):
+            generated = i - hyp.num_forced
+            if generated >= 0 and hyp.frames[generated] >= before_frame:
+                return words if starts or token >= self.timestamp_begin else words - 1
+            words += starts
+        return words
 
     def window_prefix(
         self, tokens: list[int], skip_words: int, keep_words: int, shift_seconds: float

@@ -1,4 +1,10 @@
-"""LocalAgreement-2 commits for a re-decoded window: text is final once two hypotheses agree."""
+"""What to commit from a re-decoded window: LocalAgreement-2 or AlignAtt.
+
+Both commit only words the decoder heard before the last moments of the window (its
+alignment heads attended to earlier frames: `WhisperModel.words_heard`). AlignAtt
+(SimulStreaming's policy) commits those at once; LocalAgreement-2 also waits until two
+consecutive hypotheses agree on them.
+"""
 
 import re
 from dataclasses import dataclass, field
@@ -35,26 +41,26 @@ class WindowCommit:
     end_seconds: float = 0.0  # where its last word ends (estimated), from the window start
     trim_seconds: float = 0.0  # how far the window start may move forward
     consumed_words: int = 0  # words of the hypothesis that the trim dropped from the window
+    interim: str = ""  # the hypothesis past the committed words: may still change
     # Nothing in the window is still needed: it may move to its end (keeping a short
     # tail when nothing was said, in case speech is just starting).
     clear: bool = False
 
 
 @dataclass
-class LocalAgreement:
+class WindowCommitter:
     """Commit state of one utterance's window.
 
     `window_words` are committed words heard in the current window: every new
     hypothesis of that window starts with them. `pending` is the previous
-    hypothesis's uncommitted tail; its prefix shared with the new tail is committed.
-    Once a whole segment (Whisper timestamps) is committed, the window may move past it.
+    hypothesis's uncommitted tail; with `agree` (LocalAgreement), only its prefix shared
+    with the new tail may be committed. Once a whole segment (Whisper timestamps) is
+    committed, the window may move past it.
     """
 
+    agree: bool = True
     window_words: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
-    # Words estimated to end this close to the window's end are not committed yet: Whisper
-    # mishears words at the cut, and can agree with itself on the mistake.
-    holdback_seconds: float = 0.0
 
     def _after_committed(self, words: list[str]) -> list[str]:
         """The hypothesis past the window's committed words, which it re-transcribes.
@@ -83,13 +89,18 @@ class LocalAgreement:
     def update(
         self,
         hyp: Hypothesis | None,
-        final: bool,
+        commit_all: bool,
         force_trim: bool,
         may_trim: bool = True,
         window_seconds: float = float("inf"),
+        heard_words: int | None = None,
     ) -> WindowCommit:
-        """`hyp` None means no speech in the window; `force_trim` that the window is too long;
-        `may_trim` whether it is long enough to drop committed segments (context helps)."""
+        """`hyp` None means no speech in the window; `commit_all` that a turn or the input ended:
+        everything heard is committed (and stays in the window as context for what follows);
+        `force_trim` that the window is too long;
+        `may_trim` whether it is long enough to drop committed segments (context helps);
+        `heard_words` how many of the hypothesis's words were heard early enough to commit
+        (None: all)."""
         if hyp is None:
             self.pending = []
             return WindowCommit("", clear=not self.window_words)
@@ -102,18 +113,17 @@ class LocalAgreement:
             word_ends += _estimate_word_ends(seg_words, segment.start, segment.end or window_seconds)
             segment_ends.append((len(words), segment.end))
         tail = self._after_committed(words)
-        if final:
-            agreed = len(tail)
-        else:
+        agreed = len(tail)
+        if not commit_all and self.agree:
             agreed = 0
             for new, old in zip(tail, self.pending, strict=False):
                 if _norm(new) != _norm(old):
                     break
                 agreed += 1
-            settled = sum(1 for end in word_ends if end <= window_seconds - self.holdback_seconds)
-            agreed = min(agreed, max(0, settled - (len(words) - len(tail))))
-        clear = final
-        if force_trim and not final:
+        if not commit_all and heard_words is not None:
+            agreed = min(agreed, max(0, heard_words - (len(words) - len(tail))))
+        clear = False
+        if force_trim and not commit_all:
             closed = [n for n, end in segment_ends[:-1] if end is not None]
             agreed = max(agreed, (closed[-1] if closed else len(words)) - len(self.window_words))
             clear = not closed
@@ -122,9 +132,10 @@ class LocalAgreement:
         self.window_words += committed
         # Where the last committed word of the hypothesis ends.
         end_seconds = word_ends[len(words) - len(tail) + len(committed) - 1] if committed else 0.0
+        interim = " ".join(self.pending)
         if clear:
             self.window_words, self.pending = [], []
-            return WindowCommit(" ".join(committed), end_seconds, clear=True)
+            return WindowCommit(" ".join(committed), end_seconds, clear=True, interim=interim)
         trim, consumed = 0.0, 0
         for through, end in segment_ends if may_trim or force_trim else []:
             if end is not None and through <= len(self.window_words):
@@ -132,4 +143,6 @@ class LocalAgreement:
                 consumed = through
         if trim > 0:
             self.window_words = self.window_words[consumed:]
-        return WindowCommit(" ".join(committed), end_seconds, trim_seconds=trim, consumed_words=consumed)
+        return WindowCommit(
+            " ".join(committed), end_seconds, trim_seconds=trim, consumed_words=consumed, interim=interim
+        )

@@ -1,4 +1,9 @@
-"""Whisper streamed: each step re-decodes every scheduled utterance's uncommitted window, batched."""
+"""Whisper streamed: each step re-decodes every scheduled utterance's uncommitted window, batched.
+
+The VAD (run by the engine for all utterances) says when someone speaks: a silent
+utterance is not decoded, and when speech stops its window is decoded once more and
+committed whole (endpointing), so the next sentence starts a fresh window.
+"""
 
 import zlib
 from concurrent.futures import Future
@@ -12,7 +17,7 @@ from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
 from voxtral.runner import StepResult, UtteranceOutput, run_now
 from voxtral.whisper.model import Hypothesis, Segment, WhisperModel
-from voxtral.whisper.policy import LocalAgreement
+from voxtral.whisper.policy import WindowCommitter
 
 log = structlog.get_logger(__name__)
 
@@ -23,17 +28,27 @@ POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
 class WhisperPolicy:
     """Streaming knobs; defaults measured on tiny.en with the 2-core CPU (see README)."""
 
-    chunk_seconds: float = 1.0  # an item, and the cadence of an utterance's updates
-    # Hypotheses of a shorter window are unreliable (tiny.en hears "The Lord" for "Hello").
-    min_decode_seconds: float = 2.0
+    commit_policy: str = "alignatt"  # or "local-agreement": see voxtral/whisper/policy.py
+    chunk_seconds: float = 0.5  # an item, and the cadence of an utterance's updates
+    # Hypotheses of less speech are unreliable (tiny.en hears "The Lord" for "Hello", or
+    # "You" in the silence before a word), and a committed word is forced on every later decode.
+    min_decode_seconds: float = 1.0
     max_window_seconds: float = 24.0  # past this, commit what is there and move on
     # Committed segments stay in the window until it is this long: context makes
     # Whisper more accurate, and the encoder pads short windows anyway.
     trim_after_seconds: float = 12.0
-    holdback_seconds: float = 0.3
+    # Words the decoder heard in the window's last this-many seconds are not committed
+    # yet: Whisper mishears a word cut at the window's end.
+    holdback_seconds: float = 0.4
+    # While no one speaks the window keeps this much of the past: the VAD reports a
+    # start a little late, and a soft onset may sit before it.
+    lead_in_seconds: float = 0.5
+    endpoint_tail_seconds: float = 0.3  # audio after a turn's end decoded with it
+    # A turn's window stays as context for the next turn (Whisper hears a sentence better
+    # after the one before it) unless the silence between them is longer than this.
+    context_silence_seconds: float = 3.0
     min_encoder_seconds: float = 10.0  # shorter windows are padded to this
     encoder_bucket_seconds: float = 5.0
-    silence_db: float = -45.0  # a window whose loudest frame is below this is silence
     no_speech_prob: float = 0.6
     logprob_floor: float = -1.0
     # Silence the encoder sees after the window: without it tiny.en loops on the last words.
@@ -46,12 +61,16 @@ class WhisperPolicy:
 class WhisperStream:
     """One utterance's streaming state. Whisper runs each step on the engine thread: it owns all of it."""
 
-    agreement: LocalAgreement
+    committer: WindowCommitter
     window_start: int = 0  # position where the uncommitted window begins
     # Tokens of the window's committed words: forced on the next decode, so only the
-    # uncommitted tail is generated and committed text cannot change under the agreement.
+    # uncommitted tail is generated and committed text cannot change under the policy.
     prefix: list[int] = field(default_factory=list)
     has_text: bool = False  # something was committed: the next words follow a space
+    speaking: bool = False  # the VAD hears speech now
+    speech_start: int = 0  # where the current (or last) turn's speech began
+    turn_end: int | None = None  # speech stopped here: the window up to it is to be committed whole
+    heard_until: int = 0  # where the last turn's window ended
 
 
 @dataclass
@@ -61,6 +80,7 @@ class _Window:
     raw: torch.Tensor
     end: int
     final: bool
+    commit_all: bool  # the utterance's input or a turn ended: commit the whole window
     items: list[AudioItem]  # the items the window reads, in order
 
     def arrived_at(self, seconds: float) -> float:
@@ -125,11 +145,18 @@ class WhisperRunner:
 
     def new_state(self, request: Request) -> WhisperStream:
         request.retain_from = 0
-        return WhisperStream(LocalAgreement(holdback_seconds=self.policy.holdback_seconds))
+        return WhisperStream(WindowCommitter(agree=self.policy.commit_policy == "local-agreement"))
 
     def detokenize(self, state: WhisperStream, token_ids: list[int], final: bool) -> str:
         """Whisper commits text, not sampled ids: only ever called with none."""
         return self.model.tokenizer.decode(token_ids)
+
+    def turn(self, state: WhisperStream, speaking: bool, position: int) -> None:
+        if speaking and not state.speaking:
+            state.speech_start = position
+        state.speaking = speaking
+        if not speaking:
+            state.turn_end = position
 
     def release(self, state: WhisperStream) -> None:
         """Nothing device-side is per-utterance for Whisper: the window lives in the encoder cache."""
@@ -142,13 +169,15 @@ class WhisperRunner:
             self.store.pop(mm_hash, None)
         for _, item in out.encoder_inputs:
             self.store[item.mm_hash] = item.features.to(self.device, non_blocking=True)
-        windows = [
-            self._window(s.request, states[s.request.request_id], s.end, s.final) for s in out.scheduled
-        ]
-        shortest = self.policy.min_decode_seconds * POSITIONS_PER_SECOND
-        windows = [w for w in windows if w.final or w.raw.shape[1] >= shortest]
         result = StepResult()
-        hypotheses = self._decode([w for w in windows if self._loud(w)])
+        windows = []
+        for s in out.scheduled:
+            state = states[s.request.request_id]
+            if (window := self._plan(s.request, state, s.end, s.final)) is not None:
+                windows.append(window)
+            elif s.final:
+                result.outputs[s.request.request_id] = UtteranceOutput(finished=True)
+        hypotheses = self._decode(windows)
         for window in windows:
             hyp = hypotheses.get(id(window))
             output = self._commit(window, hyp)
@@ -157,16 +186,41 @@ class WhisperRunner:
                 result.outputs[window.request.request_id] = output
         return result
 
-    def _window(self, request: Request, state: WhisperStream, end: int, final: bool) -> _Window:
+    def _plan(self, request: Request, state: WhisperStream, end: int, final: bool) -> _Window | None:
+        """The window to decode this step, if any: speech since the window began, long
+        enough to be heard, or a turn or the input that ended."""
+        p = self.policy
+        commit_all = final
+        if state.turn_end is not None and not final:
+            turn_end = state.turn_end + round(p.endpoint_tail_seconds * POSITIONS_PER_SECOND)
+            if end >= turn_end:
+                end, commit_all = turn_end, True
+            elif not state.speaking:
+                return None  # the audio after the turn's end is yet to come
+        if not (state.speaking or state.turn_end is not None):
+            # Silence: nothing to decode. Past the context's time, the window keeps only a
+            # short lead-in.
+            context = (
+                state.committer.window_words
+                and end - state.heard_until <= p.context_silence_seconds * POSITIONS_PER_SECOND
+            )
+            if not context:
+                state.committer = WindowCommitter(agree=state.committer.agree)
+                state.prefix = []
+                lead_in = round(p.lead_in_seconds * POSITIONS_PER_SECOND)
+                state.window_start = max(state.window_start, end - lead_in)
+                request.retain_from = state.window_start
+            return None
+        heard = end - state.speech_start
+        if end <= state.window_start or (
+            not commit_all and heard < p.min_decode_seconds * POSITIONS_PER_SECOND
+        ):
+            return None
         ids = request.input_ids_in_window(state.window_start, end)
         items = [request.item(i) for i in ids]
         raw = torch.cat([self.store[item.mm_hash] for item in items], dim=1)
         raw = raw[:, state.window_start - items[0].offset : end - items[0].offset]
-        return _Window(request, state, raw, end, final, items)
-
-    def _loud(self, window: _Window) -> bool:
-        frame_db = 10 * torch.log10((10 ** window.raw.float()).mean(dim=0))
-        return bool(frame_db.max() >= self.policy.silence_db)
+        return _Window(request, state, raw, end, final, commit_all, items)
 
     def _decode(self, windows: list[_Window]) -> dict[int, Hypothesis | None]:
         if not windows:
@@ -197,29 +251,41 @@ class WhisperRunner:
         return out
 
     def _commit(self, window: _Window, hyp: Hypothesis | None) -> UtteranceOutput:
-        state, request = window.state, window.request
+        state, request, p = window.state, window.request, self.policy
         length = window.end - state.window_start
-        force = length > self.policy.max_window_seconds * POSITIONS_PER_SECOND
-        may_trim = length > self.policy.trim_after_seconds * POSITIONS_PER_SECOND
-        commit = state.agreement.update(
-            hyp, window.final, force, may_trim, window_seconds=length / POSITIONS_PER_SECOND
-        )
+        force = length > p.max_window_seconds * POSITIONS_PER_SECOND
+        if hyp is None and not window.commit_all:
+            # Nothing heard yet: the window grows, unless it is too long to be speech.
+            if force:
+                state.window_start = window.end - round(p.lead_in_seconds * POSITIONS_PER_SECOND)
+                request.retain_from = state.window_start
+            return UtteranceOutput(finished=False, audio_arrived_at=window.items[-1].arrived_at)
+        may_trim = length > p.trim_after_seconds * POSITIONS_PER_SECOND
+        seconds = length / POSITIONS_PER_SECOND
+        heard = None
+        if hyp is not None:
+            # Encoder frames are two mel frames; the last `holdback` of them is too fresh.
+            before = (window.raw.shape[1] - round(p.holdback_seconds * POSITIONS_PER_SECOND)) // 2
+            heard = self.model.words_heard(hyp, before)
+        commit = state.committer.update(hyp, window.commit_all, force, may_trim, seconds, heard)
         # Latency counts from the arrival of the committed words' end, as the policy estimates it.
         output = UtteranceOutput(
-            finished=window.final, audio_arrived_at=window.arrived_at(commit.end_seconds)
+            finished=window.final,
+            audio_arrived_at=window.arrived_at(commit.end_seconds),
+            interim=commit.interim,
         )
         if commit.text:
             # Committed words, space-joined to the utterance's text so far.
             output.text = " " + commit.text if state.has_text else commit.text.lstrip()
             state.has_text = True
+        if window.commit_all:
+            state.turn_end, state.heard_until = None, window.end
         if commit.clear:
-            keep = 0 if hyp is not None or window.final else POSITIONS_PER_SECOND
-            state.window_start = max(state.window_start, window.end - keep)
-            state.prefix = []
+            state.window_start, state.prefix = window.end, []
         else:
             state.window_start += round(commit.trim_seconds * POSITIONS_PER_SECOND)
             if hyp is not None:
-                words = len(state.agreement.window_words)
+                words = len(state.committer.window_words)
                 state.prefix = self.model.window_prefix(
                     hyp.token_ids, commit.consumed_words, words, commit.trim_seconds
                 )

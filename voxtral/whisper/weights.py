@@ -21,7 +21,10 @@ from voxtral.whisper.ct2 import CT2FormatError, read_ct2_model
 
 log = structlog.get_logger(__name__)
 
-CONVERTED_FORMAT = 1  # bump when the converted layout changes, so stale caches are redone
+CONVERTED_FORMAT = 2  # bump when the converted layout changes, so stale caches are redone
+# Decoder cross-attention heads that follow the audio in time (layer, head), as OpenAI's
+# whisper package and the Hugging Face generation configs list them for tiny.en.
+ALIGNMENT_HEADS = [[1, 0], [2, 0], [2, 5], [3, 0], [3, 1], [3, 2], [3, 3], [3, 4]]
 
 
 def package_model_dir() -> Path:
@@ -150,6 +153,7 @@ def generation_config(config: WhisperConfig) -> GenerationConfig:
         suppress_tokens=config.suppress_tokens,
         begin_suppress_tokens=config.begin_suppress_tokens,
         max_length=config.max_target_positions,
+        alignment_heads=ALIGNMENT_HEADS,
     )
 
 

@@ -1,0 +1,191 @@
+"""Turn detection and realtime commits: Silero VAD batched in the step loop, endpointing,
+words committed inside long sentences, and opt-in interim text."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from silero_vad import load_silero_vad
+
+from benchmarks.text import normalize_words, word_error_rate
+from realtime.engine import Engine
+from realtime.events import Delta, Done, SpeechStarted, SpeechStopped
+from realtime.server import ServerConfig
+from tests.conftest import espeak
+from tests.server_harness import ServerThread, append_event
+from voxtral.vad import FRAME, Vad, VadStream
+
+LONG_SENTENCE = (
+    "The first thing we need to decide is whether the new library should open in the spring "
+    "or wait until the building inspection is finished in the autumn"
+)
+
+
+def voiced(audio: np.ndarray) -> tuple[float, float]:
+    """Where speech starts and ends in a synthesized clip, in seconds."""
+    loud = np.flatnonzero(np.abs(audio) > 0.01)
+    return loud[0] / 16000, loud[-1] / 16000
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * 16000), np.float32)
+
+
+def stream_stepped(
+    engine: Engine, audio: np.ndarray, chunk: int, finish: bool = True
+) -> list[tuple[float, object]]:
+    """Feed `audio` in chunks, one engine step after each; every event with the audio seconds sent by then."""
+    events: list = []
+    sent = [0.0]
+    engine.add_utterance("u", lambda e: events.append((sent[0], e)))
+    for offset in range(0, len(audio), chunk):
+        engine.add_audio("u", audio[offset : offset + chunk])
+        sent[0] = min(len(audio), offset + chunk) / 16000
+        engine.run_once()
+    if finish:
+        engine.finish_input("u")
+        for _ in range(10):
+            engine.run_once()
+    return events
+
+
+def test_batched_vad_equals_the_packaged_model_run_on_each_stream_alone(tmp_path):
+    rng = np.random.default_rng(0)
+    speech = espeak("Good morning everyone, and welcome to the meeting.", tmp_path / "a.wav")
+    audios = [
+        np.concatenate([silence(0.7), speech, silence(0.5)]),
+        (rng.standard_normal(40000) * 0.05).astype(np.float32),
+        np.concatenate([speech[8000:], silence(1.0)]),
+    ]
+    vad, streams = Vad(), [VadStream() for _ in audios]
+    got: list[list[float]] = [[] for _ in audios]
+    offsets = [0, 0, 0]
+    sizes = [1600, 2500, 777]  # uneven chunks: streams hold different numbers of frames each call
+    while any(o < len(a) for o, a in zip(offsets, audios, strict=True)):
+        for i, audio in enumerate(audios):
+            streams[i].feed(audio[offsets[i] : offsets[i] + sizes[i]])
+            offsets[i] += sizes[i]
+        for i, probs in enumerate(vad.probabilities(streams)):
+            got[i] += probs.tolist()
+    reference = load_silero_vad()
+    for audio, probs in zip(audios, got, strict=True):
+        reference.reset_states()
+        frames = [audio[k : k + FRAME] for k in range(0, len(audio) - FRAME + 1, FRAME)]
+        expected = [float(reference(torch.from_numpy(f), 16000)) for f in frames]
+        assert len(probs) == len(expected)
+        # TorchScript re-optimizes a graph after its first runs: last digits may differ.
+        np.testing.assert_allclose(probs, expected, atol=1e-3)
+    assert max(got[0]) > 0.9  # the speech was heard: the comparison is not between two zero arrays
+
+
+def test_vad_is_one_batched_call_per_step_for_all_utterances(whisper_runner, tmp_path):
+    speech = espeak("Please bring your notes and arrive on time.", tmp_path / "a.wav")
+    engine = Engine(whisper_runner)
+    for name in "abcd":
+        engine.add_utterance(name, lambda e: None)
+    steps = 0
+    for offset in range(0, len(speech), 8000):
+        for name in "abcd":
+            engine.add_audio(name, speech[offset : offset + 8000])
+        engine.run_once()
+        steps += 1
+    assert steps >= 4 and engine.vad.calls == steps  # not four per step
+    assert engine.stats().vad_calls == steps
+
+
+def test_speech_events_fire_in_order_at_the_speech_bounds(whisper_runner, tmp_path):
+    first = espeak("It was raining all night.", tmp_path / "a.wav")
+    second = espeak("But the sun came out this morning.", tmp_path / "b.wav")
+    parts = [silence(1.0), first, silence(1.5), second, silence(1.0)]
+    audio = np.concatenate(parts)
+    starts = np.cumsum([0] + [len(p) for p in parts])[:-1] / 16000
+    bounds = [starts[1] + b for b in voiced(first)] + [starts[3] + b for b in voiced(second)]
+    events = stream_stepped(Engine(whisper_runner), audio, 1600)
+    turns = [e for _, e in events if isinstance(e, SpeechStarted | SpeechStopped)]
+    assert [type(t) for t in turns] == [SpeechStarted, SpeechStopped] * 2, turns
+    for turn, expected in zip(turns, bounds, strict=True):
+        assert abs(turn.audio_ms / 1000 - expected) < 0.3, (turns, bounds)
+    done = events[-1][1]
+    assert (
+        isinstance(done, Done)
+        and word_error_rate("It was raining all night. But the sun came out this morning.", done.text) <= 0.15
+    )
+
+
+def test_silence_and_noise_give_no_speech_events_and_no_text(whisper_runner):
+    rng = np.random.default_rng(1)
+    for audio in (silence(6), (rng.standard_normal(96000) * 0.02).astype(np.float32)):
+        events = [e for _, e in stream_stepped(Engine(whisper_runner), audio, 4000)]
+        assert not [e for e in events if not isinstance(e, Done)], events
+        assert events[-1].text == ""
+
+
+def test_a_long_sentence_gets_words_committed_while_it_is_spoken(whisper_runner, tmp_path):
+    speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
+    start, end = voiced(speech)
+    assert end - start >= 8.0
+    events = stream_stepped(Engine(whisper_runner), speech, 4000)  # 250 ms chunks
+    deltas = [(sent, e.text) for sent, e in events if isinstance(e, Delta)]
+    words_by = [
+        (sent, len(normalize_words("".join(t for _, t in deltas[: i + 1]))))
+        for i, (sent, _) in enumerate(deltas)
+    ]
+    # The first words arrive within the first half of the sentence, most of it before its end.
+    assert deltas and deltas[0][0] <= start + (end - start) / 2, deltas
+    assert max(n for sent, n in words_by if sent <= end) >= len(LONG_SENTENCE.split()) // 2, deltas
+    assert word_error_rate(LONG_SENTENCE, events[-1][1].text) <= 0.15
+
+
+def test_endpointing_commits_the_whole_utterance_within_a_second_of_its_end(whisper_runner, tmp_path):
+    speech = espeak("Many people went to the park to walk their dogs.", tmp_path / "a.wav")
+    _, end = voiced(speech)
+    events = stream_stepped(
+        Engine(whisper_runner), np.concatenate([speech, silence(3.0)]), 1600, finish=False
+    )
+    committed = ""
+    for sent, event in events:
+        if isinstance(event, Delta):
+            committed += event.text
+            if sent <= end + 1.0 and normalize_words(committed)[-1:] == ["dogs"]:
+                break
+    else:
+        pytest.fail(f"not committed whole within 1 s of its end: {committed!r}, {events}")
+    assert word_error_rate("Many people went to the park to walk their dogs.", committed) <= 0.15
+    assert not any(isinstance(e, Done) for _, e in events)  # a turn ended, not the utterance
+
+
+def test_interim_text_is_opt_in_and_never_changes_committed_text(whisper_runner, tmp_path):
+    speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
+    server = ServerThread(whisper_runner, ServerConfig(max_sessions=2))
+    try:
+        received = {}
+        for opt_in in (False, True):
+            with server.connect() as connection:
+                if opt_in:
+                    connection.send(json.dumps({"type": "session.update", "interim": True}))
+                for offset in range(0, len(speech), 4000):  # 250 ms chunks at twice real time
+                    connection.send(append_event(speech[offset : offset + 4000]))
+                    time.sleep(0.125)
+                connection.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+                events = []
+                while not events or events[-1]["type"] != "transcription.done":
+                    events.append(json.loads(connection.recv(timeout=60)))
+                received[opt_in] = events
+    finally:
+        server.stop()
+    for opt_in, events in received.items():
+        interims = [e["text"] for e in events if e["type"] == "transcription.interim"]
+        assert bool(interims) == opt_in, events
+        deltas = [e["delta"] for e in events if e["type"] == "transcription.delta"]
+        assert "".join(deltas) == events[-1]["text"]
+        assert word_error_rate(LONG_SENTENCE, events[-1]["text"]) <= 0.15
+    # Interim text ran ahead of the committed text: what it showed was not yet committed then.
+    committed, ahead = "", 0
+    for event in received[True]:
+        if event["type"] == "transcription.delta":
+            committed += event["delta"]
+        elif event["type"] == "transcription.interim" and event["text"]:
+            ahead += 1
+    assert ahead >= 2

@@ -1,0 +1,51 @@
+"""The alignment heads' attention, recomputed from the cache, against transformers' own eager weights;
+and which words of a hypothesis count as heard."""
+
+import torch
+from transformers import WhisperForConditionalGeneration
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from voxtral.whisper.model import Hypothesis
+
+
+def test_alignment_weights_equal_the_eager_cross_attention(whisper_dir, whisper_model):
+    eager = WhisperForConditionalGeneration.from_pretrained(whisper_dir, attn_implementation="eager").eval()
+    torch.manual_seed(0)
+    states = whisper_model.encode(torch.randn(2, whisper_model.n_mels, 1000))
+    ids = torch.tensor(
+        [[whisper_model.sot, 50364, 1374, 3329, 11], [whisper_model.sot, 50364, 383, 1200, 373]]
+    )
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with torch.inference_mode():
+        whisper_model.model.model.decoder(
+            input_ids=ids, encoder_hidden_states=states, past_key_values=cache, use_cache=True
+        )
+        ours = whisper_model.alignment.weights(cache)
+        reference = eager.model.decoder(input_ids=ids, encoder_hidden_states=states, output_attentions=True)
+    heads = whisper_model.model.generation_config.alignment_heads
+    expected = torch.stack([reference.cross_attentions[layer][:, head] for layer, head in heads], dim=1)
+    assert ours.shape == expected.shape == (2, len(heads), 5, 500)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_words_heard_stop_at_the_first_token_heard_too_late(whisper_model):
+    m = whisper_model
+    tokens = m.tokenizer.encode(" Good morning, everyone here", add_special_tokens=False).ids
+    pieces = [m.tokenizer.decode([t]) for t in tokens]
+    words = ["Good", "morning,", "everyone", "here"]
+    forced = [m.timestamp_begin, *tokens[:1]]  # "<|0.00|> Good" committed before
+    generated = tokens[1:]
+    # The word each generated token belongs to (plain reference: count the spaces).
+    word_of, w = [], 0
+    for piece in pieces[1:]:
+        w += piece.startswith(" ")
+        word_of.append(w)
+    for cut in range(len(generated) + 1):
+        frames = [10 * (i + 1) if i < cut else 999 for i in range(len(generated))]
+        hyp = Hypothesis(forced + generated, [], 0.0, 0.0, len(forced), frames)
+        heard = m.words_heard(hyp, before_frame=500)
+        # Words all of whose tokens come before the cut, and the cut token starts a new word.
+        complete = 1 + sum(
+            1 for k in range(1, len(words)) if all(c < cut for c, wo in enumerate(word_of) if wo == k)
+        )
+        assert heard == complete, (cut, pieces, heard, complete)
