@@ -14,7 +14,7 @@ from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
 from voxtral.runner import ModelRunner, UtteranceOutput
-from voxtral.vad import Turn, Vad, VadStream
+from voxtral.vad import Vad, VadStream
 
 log = structlog.get_logger(__name__)
 
@@ -100,9 +100,9 @@ class Utterances(dict[str, Utterance]):
             u for u in self.values() if u.vad.whole_frames() or (u.request.input_finished and u.vad.speaking)
         ]
         for utterance, turns in zip(live, vad.run([u.vad for u in live]), strict=True):
-            if utterance.request.input_finished and utterance.vad.speaking:
-                utterance.vad.speaking = False
-                turns.append(Turn(False, utterance.num_client_samples * 1000 // SAMPLE_RATE))
+            ended_at = utterance.num_client_samples * 1000 // SAMPLE_RATE
+            if utterance.request.input_finished and (last := utterance.vad.end_turn(ended_at)):
+                turns.append(last)
             for turn in turns:
                 sample = self.runner.leading_silence_samples + turn.audio_ms * SAMPLE_RATE // 1000
                 self.runner.turn(utterance.state, turn.speaking, sample // self.runner.samples_per_position)

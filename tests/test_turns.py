@@ -181,11 +181,5 @@ def test_interim_text_is_opt_in_and_never_changes_committed_text(whisper_runner,
         deltas = [e["delta"] for e in events if e["type"] == "transcription.delta"]
         assert "".join(deltas) == events[-1]["text"]
         assert word_error_rate(LONG_SENTENCE, events[-1]["text"]) <= 0.15
-    # Interim text ran ahead of the committed text: what it showed was not yet committed then.
-    committed, ahead = "", 0
-    for event in received[True]:
-        if event["type"] == "transcription.delta":
-            committed += event["delta"]
-        elif event["type"] == "transcription.interim" and event["text"]:
-            ahead += 1
-    assert ahead >= 2
+    # Interim text ran ahead of the committed text more than once.
+    assert sum(1 for e in received[True] if e["type"] == "transcription.interim" and e["text"]) >= 2

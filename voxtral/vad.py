@@ -46,6 +46,13 @@ class VadStream:
     def whole_frames(self) -> int:
         return len(self.unread) // FRAME
 
+    def end_turn(self, audio_ms: int) -> Turn | None:
+        """The input ended at `audio_ms`: a turn still going on ends there."""
+        if not self.speaking:
+            return None
+        self.speaking, self.silence_from = False, None
+        return Turn(False, audio_ms)
+
 
 @dataclass
 class VadConfig:

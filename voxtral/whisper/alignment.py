@@ -30,12 +30,13 @@ class AlignmentHeads:
 
         return keep
 
-    def weights(self, cache: EncoderDecoderCache) -> torch.Tensor:
-        """(batch, heads, tokens, frames): the heads' attention for the last decoder call's tokens."""
+    def weights(self, cache: EncoderDecoderCache, last_only: bool = False) -> torch.Tensor:
+        """(batch, heads, tokens, frames): the heads' attention for the last decoder call's
+        tokens (only its last token with `last_only`)."""
         out = []
         for layer, heads in self.heads_by_layer.items():
             attention = self.decoder.layers[layer].encoder_attn
-            hidden = self._queries[layer]
+            hidden = self._queries[layer][:, -1:] if last_only else self._queries[layer]
             batch, tokens, _ = hidden.shape
             query = (attention.q_proj(hidden) * attention.scaling).view(
                 batch, tokens, attention.num_heads, attention.head_dim
@@ -47,4 +48,4 @@ class AlignmentHeads:
 
     def frames(self, cache: EncoderDecoderCache) -> torch.Tensor:
         """(batch,): the encoder frame the heads, together, attend to most from the last token."""
-        return self.weights(cache)[:, :, -1].mean(dim=1).argmax(dim=-1)
+        return self.weights(cache, last_only=True)[:, :, -1].mean(dim=1).argmax(dim=-1)

@@ -42,9 +42,7 @@ class WindowCommit:
     trim_seconds: float = 0.0  # how far the window start may move forward
     consumed_words: int = 0  # words of the hypothesis that the trim dropped from the window
     interim: str = ""  # the hypothesis past the committed words: may still change
-    # Nothing in the window is still needed: it may move to its end (keeping a short
-    # tail when nothing was said, in case speech is just starting).
-    clear: bool = False
+    clear: bool = False  # nothing in the window is still needed: it may move to its end
 
 
 @dataclass

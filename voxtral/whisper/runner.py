@@ -198,15 +198,14 @@ class WhisperRunner:
             elif not state.speaking:
                 return None  # the audio after the turn's end is yet to come
         if not (state.speaking or state.turn_end is not None):
-            # Silence: nothing to decode. Past the context's time, the window keeps only a
-            # short lead-in.
-            context = (
-                state.committer.window_words
-                and end - state.heard_until <= p.context_silence_seconds * POSITIONS_PER_SECOND
-            )
-            if not context:
+            # Silence: nothing to decode. Past the context's time the last turn is dropped,
+            # and a window without one keeps only a short lead-in.
+            if state.committer.window_words and (
+                end - state.heard_until > p.context_silence_seconds * POSITIONS_PER_SECOND
+            ):
                 state.committer = WindowCommitter(agree=state.committer.agree)
                 state.prefix = []
+            if not state.committer.window_words:
                 lead_in = round(p.lead_in_seconds * POSITIONS_PER_SECOND)
                 state.window_start = max(state.window_start, end - lead_in)
                 request.retain_from = state.window_start
