@@ -239,14 +239,18 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging("warning")  # stdout carries the one JSON line
     torch.set_num_threads(2)
-    model = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32)
+    # As `voxrt serve` loads it on a CPU, and the float32 model it is quantized from.
+    model = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32, int8_decoder=True)
+    float32 = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32)
     counts = [int(n) for n in args.sessions.split(",")]
-    passages = [passage(model, i) for i in range(max(counts))]
+    passages = [passage(float32, i) for i in range(max(counts))]
     offline = offline_wer(model, passages)
+    offline_float32 = offline_wer(float32, passages)
     out: dict = {
         "passage_seconds": [round(len(p.audio) / SAMPLE_RATE, 1) for p in passages],
         "voices": [p.voice for p in passages],
         "offline_wer": {str(n): round(float(np.mean(offline[:n])), 4) for n in counts},
+        "offline_wer_float32": {str(n): round(float(np.mean(offline_float32[:n])), 4) for n in counts},
     }
     for name in args.policies.split(","):
         policy = WhisperPolicy(commit_policy=name)

@@ -42,16 +42,24 @@ def _level_db(samples: np.ndarray) -> float:
     return 20 * np.log10(max(1e-5, float(np.sqrt(np.mean(samples**2))) if len(samples) else 1e-5))
 
 
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"
+
+
 class Display:
-    """Committed text, and on a terminal a live level meter on the same line."""
+    """Committed text, and on a terminal a live level meter and the interim tail (dimmed) on the same line."""
 
     def __init__(self) -> None:
         self.tty = sys.stdout.isatty()
         self.text = ""
+        self.interim = ""
         self.db = -100.0
 
     def level(self, db: float) -> None:
         self.db = db
+        self._draw()
+
+    def show_interim(self, text: str) -> None:
+        self.interim = text
         self._draw()
 
     def delta(self, text: str) -> None:
@@ -65,7 +73,8 @@ class Display:
         if not self.tty:
             return
         bars = int(np.clip((self.db + 60) / 3, 0, 20))
-        print(f"\r\x1b[K[{'#' * bars:<20}] {self.db:5.0f} dB | {self.text[-60:]}", end="", flush=True)
+        tail = f" {DIM}{self.interim}{PLAIN}" if self.interim else ""
+        print(f"\r\x1b[K[{'#' * bars:<20}] {self.db:5.0f} dB | {self.text[-60:]}{tail}", end="", flush=True)
 
 
 async def _file_source(path: str, queue: asyncio.Queue, stop: asyncio.Event) -> None:
@@ -111,6 +120,7 @@ async def _run(args: argparse.Namespace, sd) -> int:
         source = asyncio.create_task(_mic_source(sd, args.device, queue, stop))
 
     async def send() -> None:
+        await connection.send(json.dumps({"type": "session.update", "interim": True}))
         await commit(connection)
         while (chunk := await queue.get()) is not None:
             display.level(_level_db(chunk))
@@ -125,6 +135,8 @@ async def _run(args: argparse.Namespace, sd) -> int:
                 event = json.loads(message)
                 if event["type"] == "transcription.delta":
                     display.delta(event["delta"])
+                elif event["type"] == "transcription.interim":
+                    display.show_interim(event["text"])
                 elif event["type"] == "transcription.done":
                     final_text, status = event["text"], EXIT_OK
                     break

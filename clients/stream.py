@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pace.add_argument("--speed", type=float, default=1.0, help="pace at X times real time; 0 = unpaced")
     parser.add_argument("--chunk-ms", type=int, default=100)
     parser.add_argument("--json", action="store_true", help="print the server's events as JSON lines")
+    parser.add_argument(
+        "--interim",
+        action="store_true",
+        help="ask for interim text; on a terminal it trails the line, dimmed",
+    )
     parser.add_argument("--api-key", default=None)
 
 
@@ -42,15 +47,20 @@ async def _stream(args: argparse.Namespace, audios: list) -> int:
     speed = 1.0 if args.realtime else args.speed
     async with connection:
         for path, samples in audios:
+            committed: list[str] = []
 
-            def show(event: dict) -> None:
+            def show(event: dict, committed: list[str] = committed) -> None:
                 if args.json:
                     print(json.dumps(event), flush=True)
                 elif event.get("type") == "transcription.delta":
+                    committed.append(event["delta"])
                     print(event["delta"], end="", flush=True)
+                elif event.get("type") == "transcription.interim" and sys.stdout.isatty():
+                    text = "".join(committed)[-80:]
+                    print(f"\r\x1b[K{text} \x1b[2m{event['text']}\x1b[0m", end="", flush=True)
 
             try:
-                result = await stream_utterance(connection, samples, args.chunk_ms, speed, show)
+                result = await stream_utterance(connection, samples, args.chunk_ms, speed, show, args.interim)
             except WebSocketException as exc:
                 return _fail(EXIT_CONNECTION, f"connection lost while streaming {path}: {exc}")
             if not args.json:

@@ -47,6 +47,13 @@ def test_stream_prints_the_transcript_and_json_events(server, welcome):
     events = [json.loads(line) for line in result.stdout.splitlines()]
     assert result.returncode == 0 and events[-1]["type"] == "transcription.done"
     assert {e["type"] for e in events} <= {"transcription.delta", "transcription.done"}
+    result = voxrt("stream", WELCOME, "--url", server.url, "--speed", "4", "--json", "--interim")
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert result.returncode == 0 and {e["type"] for e in events} == {
+        "transcription.delta",
+        "transcription.interim",
+        "transcription.done",
+    }
 
 
 def test_stream_exit_codes(server, tmp_path):

@@ -2,6 +2,7 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
+from benchmarks.text import word_error_rate
 from voxtral.audio import normalize_log_mel, raw_log_mel
 
 NOTHING = np.zeros(0, np.float32)
@@ -59,3 +60,21 @@ def test_window_prefix_cuts_at_words_and_shifts_timestamps(whisper_model):
     first_word_of_today = today[: len(text_ids(whisper_model, " Today"))]
     assert whisper_model.window_prefix(tokens, 2, 1, 2.0) == [ts(0.0), *first_word_of_today]
     assert whisper_model.window_prefix(tokens, 2, 2, 2.0) == [ts(0.0), *today, ts(2.0)]
+
+
+def test_int8_decoder_transcribes_as_the_float32_one(whisper_dir, whisper_model, welcome):
+    """The CPU default (voxtral/loading.py) against the float32 model it is quantized from."""
+    from voxtral.loading import load_model
+
+    quantized = load_model(None, "cpu").runner.model
+    assert isinstance(quantized.model.proj_out, torch.ao.nn.quantized.dynamic.Linear)
+    assert isinstance(load_model(None, "cpu", "float32").runner.model.model.proj_out, torch.nn.Linear)
+    samples, _ = welcome
+    batch = torch.cat([features(samples[:80000], 1000), features(samples[48000:160000], 1500)[..., :1000]])
+    states = whisper_model.encode(batch)
+    for exact, fast in zip(
+        whisper_model.decode(states, [80, 80]), quantized.decode(states, [80, 80]), strict=True
+    ):
+        assert len(exact.text.split()) > 8
+        assert word_error_rate(exact.text, fast.text) <= 0.05, (exact.text, fast.text)
+        assert len(fast.frames) == len(fast.token_ids)

@@ -34,8 +34,20 @@ def pick_device(device: str | None) -> torch.device:
 
 def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     if dtype:
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise WeightsError(f"--dtype {dtype}: choose float32, bfloat16 or float16")
         return getattr(torch, dtype)
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _whisper_model(path: Path, device: torch.device, dtype: str | None) -> WhisperModel:
+    """On the CPU Whisper runs float32 (bfloat16 there is slower and less exact) with its
+    decoder int8 (the default, `int8`) or not (`float32`)."""
+    if device.type == "cuda":
+        return WhisperModel(path, device, pick_dtype(dtype, device))
+    if dtype not in (None, "int8", "float32"):
+        raise WeightsError(f"--dtype {dtype}: Whisper on the CPU runs int8 or float32")
+    return WhisperModel(path, device, torch.float32, int8_decoder=dtype != "float32")
 
 
 def _model_type(path: Path) -> str:
@@ -63,15 +75,13 @@ def _load_model(model: str | None, device: str | None, dtype: str | None, max_se
     hf_logging.disable_progress_bar()  # a progress bar is noise in JSON logs
     chosen = pick_device(device)
     if model in (None, DEFAULT_MODEL):
-        # Whisper tiny runs in float32 on the CPU: bfloat16 there is slower and less exact.
-        torch_dtype = pick_dtype(dtype, chosen) if chosen.type == "cuda" else torch.float32
-        runner = WhisperRunner(WhisperModel(default_whisper_dir(), chosen, torch_dtype))
+        runner = WhisperRunner(_whisper_model(default_whisper_dir(), chosen, dtype))
         return LoadedModel(runner, DEFAULT_MODEL, {DEFAULT_MODEL, "whisper"})
     path = local_checkpoint(model)
     kind = _model_type(path)
     names = {str(path), path.name, model}
     if kind == "whisper":
-        runner = WhisperRunner(WhisperModel(path, chosen, pick_dtype(dtype, chosen)))
+        runner = WhisperRunner(_whisper_model(path, chosen, dtype))
         return LoadedModel(runner, model, names | {"whisper"})
     if kind == "voxtral_realtime":
         runner = VoxtralRunner(path, chosen, pick_dtype(dtype, chosen), num_slots=max_sessions)

@@ -48,7 +48,7 @@ class WhisperPolicy:
     # after the one before it) unless the silence between them is longer than this.
     context_silence_seconds: float = 3.0
     min_encoder_seconds: float = 10.0  # shorter windows are padded to this
-    encoder_bucket_seconds: float = 5.0
+    encoder_bucket_seconds: float = 1.0
     no_speech_prob: float = 0.6
     logprob_floor: float = -1.0
     # Silence the encoder sees after the window: without it tiny.en loops on the last words.
