@@ -20,7 +20,11 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint directory or Hugging Face id in the local cache; default: embedded whisper-tiny.en",
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="float32, bfloat16, float16 (default: by device); Whisper on the CPU: int8 (default) or float32",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -33,6 +37,11 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-session-seconds", type=float, default=4 * 3600.0)
     parser.add_argument("--max-frame-bytes", type=int, default=1 << 20)
     parser.add_argument("--api-key", default=os.environ.get("VOXRT_API_KEY"), help="or env VOXRT_API_KEY")
+    parser.add_argument(
+        "--strict-model",
+        action="store_true",
+        help="refuse a session.update naming a model not served (default: use the served one, as vLLM does)",
+    )
     parser.add_argument("--drain-seconds", type=float, default=10.0)
     parser.add_argument("--outbox-events", type=int, default=256, help="events queued per slow client")
 
@@ -56,6 +65,7 @@ def build_server(args: argparse.Namespace):
         max_sessions=args.max_sessions,
         max_frame_bytes=args.max_frame_bytes,
         api_key=args.api_key,
+        strict_model=args.strict_model,
         drain_seconds=args.drain_seconds,
         outbox_events=args.outbox_events,
     )

@@ -6,12 +6,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from realtime.events import EngineEvent
+from voxtral.vad import VadConfig
 
 
 @dataclass
 class AddUtterance:
     utterance_id: str
     on_event: Callable[[EngineEvent], None]
+    vad: VadConfig
 
 
 @dataclass

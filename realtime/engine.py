@@ -23,7 +23,7 @@ from realtime.ingest import Ingest
 from realtime.utterance import Utterances
 from scheduler import Scheduler, SchedulerOutput
 from voxtral.runner import ModelRunner, StepResult
-from voxtral.vad import Vad
+from voxtral.vad import Vad, VadConfig
 
 log = structlog.get_logger(__name__)
 
@@ -37,7 +37,7 @@ class Engine:
         self.scheduler = Scheduler(runner.scheduler_config(self.config.max_sessions))
         self.feature_cache = FeatureCache(self.config.feature_cache_bytes)
         self.utterances = Utterances(runner, self.scheduler, Ingest(runner, self.feature_cache), self.config)
-        self.vad = Vad(self.config.vad)
+        self.vad = Vad()
         self.on_step: Callable[[float, int], None] | None = None  # (model seconds, utterances)
         self.num_steps = self.num_tokens = 0
         self.model_seconds = 0.0  # summed over steps: with steps in flight, overlaps host work
@@ -59,8 +59,11 @@ class Engine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def add_utterance(self, utterance_id: str, on_event: Callable[[EngineEvent], None]) -> None:
-        self._commands.put(AddUtterance(utterance_id, on_event))
+    def add_utterance(
+        self, utterance_id: str, on_event: Callable[[EngineEvent], None], vad: VadConfig | None = None
+    ) -> None:
+        """`vad`: this utterance's turn detection settings (default: the engine's)."""
+        self._commands.put(AddUtterance(utterance_id, on_event, vad or self.config.vad))
 
     def add_audio(self, utterance_id: str, samples: np.ndarray) -> None:
         self._commands.put(AppendAudio(utterance_id, samples, time.monotonic()))
@@ -120,7 +123,7 @@ class Engine:
 
     def _apply(self, command: Command) -> None:
         if isinstance(command, AddUtterance):
-            self.utterances.add(command.utterance_id, command.on_event)
+            self.utterances.add(command.utterance_id, command.on_event, command.vad)
         elif (utterance := self.utterances.get(command.utterance_id)) is None:
             return
         elif isinstance(command, Abort):

@@ -5,8 +5,11 @@ import contextlib
 import hmac
 import json
 import signal
+import uuid
 from dataclasses import dataclass
 from http import HTTPStatus
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -17,10 +20,15 @@ from realtime.connection import Connection, ConnectionLimits
 from realtime.engine import Engine
 from realtime.metrics import Metrics
 from realtime.protocols import vllm as protocol
+from realtime.protocols.openai import OpenAISession
+from realtime.protocols.vllm import VllmSession
 
 log = structlog.get_logger("voxrt.server")
 
 REALTIME_PATH = "/v1/realtime"
+PAGE = Path(__file__).parent / "static" / "index.html"  # a page to try voxrt in a browser, at `/`
+# Browsers cannot set headers on a WebSocket: OpenAI's browser clients send the key as a subprotocol.
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
 ENGINE_CHECK_SECONDS = 1.0
 
 
@@ -31,6 +39,7 @@ class ServerConfig:
     max_sessions: int = 64
     max_frame_bytes: int = 1 << 20
     api_key: str | None = None
+    strict_model: bool = False
     drain_seconds: float = 10.0
     outbox_events: int = 256
 
@@ -41,7 +50,9 @@ class RealtimeServer:
         self.config = config
         self.metrics = Metrics(engine)
         self.model_label = model_label
-        self.limits = ConnectionLimits(config.outbox_events, frozenset(model_names))
+        self.limits = ConnectionLimits(
+            config.outbox_events, model_label, frozenset(model_names), config.strict_model
+        )
         self.connections: set[Connection] = set()
         self.draining = False
         self.server: Server | None = None
@@ -58,11 +69,15 @@ class RealtimeServer:
         return self._respond(connection, status, protocol.error(code, message) + "\n", "application/json")
 
     def _authorized(self, headers: Headers) -> bool:
+        """The key as a bearer header, or as the subprotocol OpenAI's browser clients send."""
         if self.config.api_key is None:
             return True
-        given = headers.get("Authorization", "")
-        expected = f"Bearer {self.config.api_key}"
-        return hmac.compare_digest(given.encode(), expected.encode())
+        offered = [
+            p.removeprefix(KEY_SUBPROTOCOL) for p in _subprotocols(headers) if p.startswith(KEY_SUBPROTOCOL)
+        ]
+        given = [headers.get("Authorization", ""), *(f"Bearer {key}" for key in offered)]
+        expected = f"Bearer {self.config.api_key}".encode()
+        return any(hmac.compare_digest(g.encode(), expected) for g in given)
 
     def _health(self, connection: ServerConnection, path: str) -> Response:
         """`/health/live`: the engine thread runs. `/health/ready`: also accepting new connections
@@ -94,6 +109,8 @@ class RealtimeServer:
             return self._respond(
                 connection, HTTPStatus.OK, self.metrics.render().decode(), "text/plain; version=0.0.4"
             )
+        if path == "/" and request.headers.get("Upgrade", "").lower() != "websocket":
+            return self._respond(connection, HTTPStatus.OK, PAGE.read_text(), "text/html; charset=utf-8")
         if path != REALTIME_PATH:
             return self._respond(connection, HTTPStatus.NOT_FOUND, "not found\n", "text/plain")
         if not self._authorized(request.headers):
@@ -114,12 +131,15 @@ class RealtimeServer:
         return None
 
     async def _handle(self, websocket: ServerConnection) -> None:
-        connection_id, created = protocol.session_created()
+        connection_id = f"sess-{uuid.uuid4().hex}"
         connection = Connection(websocket, self.engine, self.metrics, self.limits, connection_id)
+        # OpenAI's SDK puts `intent=transcription` (or a model) in the URL; vLLM's clients do not.
+        query = parse_qs(urlsplit(websocket.request.path).query)
+        openai = "intent" in query or "model" in query
         self.connections.add(connection)
         self.metrics.connections_active.inc()
         try:
-            await connection.run(created)
+            await connection.run(OpenAISession(connection) if openai else VllmSession(connection))
         finally:
             self.connections.discard(connection)
             self.metrics.connections_active.dec()
@@ -131,6 +151,7 @@ class RealtimeServer:
             self.config.host,
             self.config.port,
             process_request=self._process_request,
+            select_subprotocol=_select_subprotocol,
             max_size=self.config.max_frame_bytes,
             max_queue=16,
             ping_interval=20,
@@ -151,7 +172,7 @@ class RealtimeServer:
         if self.server is not None:
             self.server.close(close_connections=False)
         for connection in list(self.connections):
-            connection.finish_input()
+            connection.finish_all()
         waits = [c.idle.wait() for c in self.connections]
         if waits and self.engine.alive:
             await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=self.config.drain_seconds)
@@ -180,3 +201,13 @@ class RealtimeServer:
             log.critical("server.engine_dead", action="exit 1 so that a supervisor restarts the process")
         await self.drain_and_stop()
         return 0 if self.engine.alive or stop.is_set() else 1
+
+
+def _subprotocols(headers: Headers) -> list[str]:
+    return [p.strip() for value in headers.get_all("Sec-WebSocket-Protocol") for p in value.split(",")]
+
+
+def _select_subprotocol(connection: ServerConnection, subprotocols: list[str]) -> str | None:
+    """`realtime` when offered (OpenAI's browser clients offer it with their key): a
+    browser that offered subprotocols refuses an upgrade that picks none. Never the key."""
+    return "realtime" if "realtime" in subprotocols else None

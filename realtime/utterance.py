@@ -14,7 +14,7 @@ from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
 from voxtral.runner import ModelRunner, UtteranceOutput
-from voxtral.vad import Vad, VadStream
+from voxtral.vad import Vad, VadConfig, VadStream
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +57,7 @@ class Utterances(dict[str, Utterance]):
         super().__init__()
         self.runner, self.scheduler, self.ingest, self.config = runner, scheduler, ingest, config
 
-    def add(self, utterance_id: str, on_event: Callable[[EngineEvent], None]) -> None:
+    def add(self, utterance_id: str, on_event: Callable[[EngineEvent], None], vad: VadConfig) -> None:
         if utterance_id in self:
             emit(on_event, Failed("invalid_event", f"utterance {utterance_id!r} already exists"))
             return
@@ -68,7 +68,7 @@ class Utterances(dict[str, Utterance]):
             emit(on_event, Failed("too_many_sessions", str(exc)))
             return
         self.scheduler.add_request(request)
-        self[utterance_id] = utterance = Utterance(request, state, on_event)
+        self[utterance_id] = utterance = Utterance(request, state, on_event, vad=VadStream(vad))
         self._ingest(utterance, np.zeros(self.runner.leading_silence_samples, np.float32), time.monotonic())
 
     def append(self, utterance: Utterance, samples: np.ndarray, arrived_at: float) -> None:

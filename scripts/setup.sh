@@ -8,6 +8,7 @@ need=()
 command -v espeak-ng >/dev/null || need+=(espeak-ng)
 command -v sox >/dev/null || need+=(sox)
 command -v flite >/dev/null || need+=(flite)  # a second speech engine for benchmarks/speech.py
+command -v chromium >/dev/null || need+=(chromium)  # the browser page's test, driven by Playwright
 ldconfig -p 2>/dev/null | grep -q libportaudio.so.2 || need+=(libportaudio2)
 if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -18,4 +19,6 @@ if ((${#need[@]})); then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
+# Playwright drives the system chromium: it must never fetch browsers of its own.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test,clients]'

@@ -114,7 +114,8 @@ def test_every_client_mistake_gets_its_error_code(server):
         odd = json.dumps({"type": "input_audio_buffer.append", "audio": "AAEC"})  # 3 bytes
         expect_error(ws, odd, "invalid_audio")
         expect_error(ws, b"\x00\x01binary", "invalid_event")
-        expect_error(ws, json.dumps({"type": "session.update", "model": "gpt-nonexistent"}), "unknown_model")
+        # A model voxrt does not serve is accepted as vLLM accepts it (`--strict-model` refuses it).
+        ws.send(json.dumps({"type": "session.update", "model": "gpt-nonexistent"}))
         # After all that the session is still usable, and audio before any commit auto-starts it.
         ws.send(append_event(np.zeros(16000, np.float32)))
         ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
@@ -162,6 +163,12 @@ def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
         with pytest.raises(InvalidStatus) as refused:
             harness.connect(additional_headers={"Authorization": "Bearer wrong"})
         assert refused.value.response.status_code == 401
+        with pytest.raises(InvalidStatus) as refused:
+            harness.connect(subprotocols=["realtime", "openai-insecure-api-key.wrong"])
+        assert refused.value.response.status_code == 401
+        # A browser's way: the key as a subprotocol; the server picks `realtime`, never the key.
+        with harness.connect(subprotocols=["realtime", "openai-insecure-api-key.s3cret"]) as browser:
+            assert browser.subprotocol == "realtime"
         auth = {"additional_headers": {"Authorization": "Bearer s3cret"}}
         assert health(harness, "/health/ready") == (200, "ok")
         with harness.connect(**auth), harness.connect(**auth):
@@ -177,7 +184,7 @@ def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
             assert time.monotonic() < deadline, "never ready again after the connections closed"
             time.sleep(0.05)
         metrics = harness.metrics()
-        assert metrics["voxrt_errors_total{code=unauthorized}"] == 2
+        assert metrics["voxrt_errors_total{code=unauthorized}"] == 3
         assert metrics["voxrt_errors_total{code=too_many_sessions}"] == 1
     finally:
         harness.stop()

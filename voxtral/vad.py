@@ -29,9 +29,18 @@ class Turn:
 
 
 @dataclass
-class VadStream:
-    """One utterance's VAD: the network's state, unread audio and the turn being tracked."""
+class VadConfig:
+    threshold: float = 0.5  # speech starts at this probability (Silero's default)
+    # and goes on until the probability stays below `threshold - 0.15` for `silence_ms`
+    silence_ms: int = 500
+    min_speech_ms: int = 96  # a blip shorter than this (3 frames) is not speech
 
+
+@dataclass
+class VadStream:
+    """One utterance's VAD: its settings, the network's state, unread audio and the turn being tracked."""
+
+    config: VadConfig = field(default_factory=VadConfig)
     state: torch.Tensor = field(default_factory=lambda: torch.zeros(2, 1, 128))
     context: np.ndarray = field(default_factory=lambda: np.zeros(CONTEXT, np.float32))
     unread: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
@@ -54,17 +63,8 @@ class VadStream:
         return Turn(False, audio_ms)
 
 
-@dataclass
-class VadConfig:
-    threshold: float = 0.5  # speech starts at this probability (Silero's default)
-    # and goes on until the probability stays below `threshold - 0.15` for `silence_ms`
-    silence_ms: int = 500
-    min_speech_ms: int = 96  # a blip shorter than this (3 frames) is not speech
-
-
 class Vad:
-    def __init__(self, config: VadConfig | None = None) -> None:
-        self.config = config or VadConfig()
+    def __init__(self) -> None:
         self.network = load_silero_vad()._model  # the 16 kHz network, without the one-state wrapper
         self.calls = 0  # batched calls, one per step with audio to read
 
@@ -102,7 +102,7 @@ class Vad:
 
     def _track(self, s: VadStream, prob: float) -> Turn | None:
         """Silero's own hysteresis (its `VADIterator`), plus a minimum length for speech to start."""
-        c, frame = self.config, s.frames_read
+        c, frame = s.config, s.frames_read
         if not s.speaking:
             s.speech_run = s.speech_run + 1 if prob >= c.threshold else 0
             if s.speech_run * FRAME_MS < c.min_speech_ms:

@@ -1,24 +1,19 @@
-"""The realtime wire protocol (vLLM's `/v1/realtime`): parsing client events, building server events."""
+"""vLLM's realtime wire protocol (`/v1/realtime`): its client events, its server events, its session."""
 
-import base64
-import binascii
 import json
 import time
-import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from voxtral.audio import pcm16_to_float32
+from realtime.events import Delta, Done, EngineEvent, Failed, Interim
+from realtime.protocols.common import ProtocolError, decode_audio, load_event
+from realtime.protocols.openai import OpenAISession
+from realtime.protocols.openai_wire import is_openai_event
 
-
-class ProtocolError(Exception):
-    """A client mistake: answered with an `error` event carrying `code`; the connection goes on."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+if TYPE_CHECKING:
+    from realtime.connection import Connection
 
 
 @dataclass
@@ -51,29 +46,9 @@ def _field(event: dict, name: str, kind: type | tuple[type, ...], required: bool
     return value
 
 
-def decode_audio(text: str) -> np.ndarray:
-    try:
-        data = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ProtocolError("invalid_audio", f"audio is not valid base64: {exc}") from exc
-    try:
-        return pcm16_to_float32(data)
-    except ValueError as exc:
-        raise ProtocolError("invalid_audio", str(exc)) from exc
-
-
 def parse_client_event(message: str | bytes) -> ClientEvent:
-    if isinstance(message, bytes):
-        raise ProtocolError("invalid_event", "binary frames are not supported: send JSON text frames")
-    try:
-        event = json.loads(message)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError("invalid_json", f"invalid JSON: {exc}") from exc
-    if not isinstance(event, dict):
-        raise ProtocolError("invalid_event", "an event must be a JSON object")
-    kind = event.get("type")
-    if not isinstance(kind, str):
-        raise ProtocolError("invalid_event", "an event needs a string field 'type'")
+    event = load_event(message)
+    kind = event["type"]
     if kind == "input_audio_buffer.append":
         return AudioAppend(decode_audio(_field(event, "audio", str, required=True)))
     if kind == "input_audio_buffer.commit":
@@ -87,12 +62,6 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
 
 def _dump(event: dict) -> str:
     return json.dumps(event, ensure_ascii=False)
-
-
-def session_created() -> tuple[str, str]:
-    """A new connection's id (the wire calls it a session) and its `session.created` event."""
-    connection_id = f"sess-{uuid.uuid4().hex}"
-    return connection_id, _dump({"type": "session.created", "id": connection_id, "created": int(time.time())})
 
 
 def transcription_delta(text: str) -> str:
@@ -116,3 +85,75 @@ def transcription_done(text: str, audio_seconds: float, num_tokens: int) -> str:
 
 def error(code: str, message: str) -> str:
     return _dump({"type": "error", "error": message, "code": code})
+
+
+class VllmSession:
+    """vLLM's session: audio before any commit starts an utterance (documented); `final`
+    ends its input; after `transcription.done` the next commit or audio starts a new one."""
+
+    def __init__(self, connection: "Connection") -> None:
+        self.connection = connection
+        self.utterance: str | None = None  # the running utterance
+        self.finishing = False
+        self.interim = False  # the client asked for `transcription.interim`
+
+    def opened(self) -> None:
+        self.connection.send(
+            _dump(
+                {"type": "session.created", "id": self.connection.connection_id, "created": int(time.time())}
+            )
+        )
+
+    def handle(self, message: str | bytes) -> None:
+        if not self.connection.num_utterances and is_openai_event(message):
+            # An OpenAI client on a URL that did not say so: its first event picks the protocol.
+            self.connection.wire = OpenAISession(self.connection)
+            self.connection.wire.handle(message)
+            return
+        try:
+            event = parse_client_event(message)
+            if isinstance(event, SessionUpdate):
+                self._update(event)
+            elif isinstance(event, AudioAppend):
+                if self.finishing:
+                    raise ProtocolError("input_finished", "audio after the final commit: wait for done")
+                self.connection.add_audio(self._running(), event.samples)
+            else:
+                if self.finishing:
+                    raise ProtocolError("input_finished", "input already finished: wait for done")
+                utterance = self._running()
+                if event.final:
+                    self.finishing = True
+                    self.connection.finish(utterance)
+        except ProtocolError as exc:
+            self.connection.count_error(exc.code, exc.message)
+            self.connection.send(error(exc.code, exc.message))
+
+    def _update(self, event: SessionUpdate) -> None:
+        limits = self.connection.limits
+        if event.model is not None and event.model not in limits.model_names:
+            if limits.strict_model:
+                raise ProtocolError("unknown_model", f"unknown model {event.model!r}")
+            # vLLM serves its one model whatever the name: so does voxrt, unless --strict-model.
+            self.connection.log.warning("session.model_substituted", requested=event.model[:200])
+        if event.interim is not None:
+            self.interim = event.interim
+
+    def _running(self) -> str:
+        if self.utterance is None:
+            self.utterance = self.connection.start_utterance()
+        return self.utterance
+
+    def on_event(self, utterance: str, event: EngineEvent) -> None:
+        if isinstance(event, Interim):
+            if self.interim:
+                self.connection.send(transcription_interim(event.text))
+        elif isinstance(event, Delta):
+            self.connection.send(transcription_delta(event.text))
+        elif isinstance(event, Done | Failed):
+            if isinstance(event, Done):
+                self.connection.send(transcription_done(event.text, event.audio_seconds, event.num_tokens))
+            else:
+                self.connection.send(error(event.code, event.message))
+            self.utterance, self.finishing = None, False
+        # vLLM's wire has no turn events: SpeechStarted / SpeechStopped are not sent.

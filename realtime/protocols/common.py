@@ -1,0 +1,45 @@
+"""What both wire protocols share: a client mistake, and audio as base64 PCM16."""
+
+import base64
+import binascii
+import json
+
+import numpy as np
+
+from voxtral.audio import pcm16_to_float32
+
+
+class ProtocolError(Exception):
+    """A client mistake: answered with an `error` event carrying `code`; the connection goes on."""
+
+    def __init__(self, code: str, message: str, event_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.event_id = event_id  # the client's, where its protocol has one
+
+
+def decode_audio(text: str) -> np.ndarray:
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError("invalid_audio", f"audio is not valid base64: {exc}") from exc
+    try:
+        return pcm16_to_float32(data)
+    except ValueError as exc:
+        raise ProtocolError("invalid_audio", str(exc)) from exc
+
+
+def load_event(message: str | bytes) -> dict:
+    """A client event as a JSON object with a string `type`, or the error that says why not."""
+    if isinstance(message, bytes):
+        raise ProtocolError("invalid_event", "binary frames are not supported: send JSON text frames")
+    try:
+        event = json.loads(message)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProtocolError("invalid_json", f"invalid JSON: {exc}") from exc
+    if not isinstance(event, dict):
+        raise ProtocolError("invalid_event", "an event must be a JSON object")
+    if not isinstance(event.get("type"), str):
+        raise ProtocolError("invalid_event", "an event needs a string field 'type'")
+    return event

@@ -1,0 +1,177 @@
+"""OpenAI's Realtime transcription session over the engine: one conversation item per turn.
+
+With `server_vad` turn detection (OpenAI's default) the engine's VAD ends each turn: the
+turn's utterance gets its input finished there, the item is committed, and the next
+audio starts the next utterance. With `turn_detection: null` each client commit ends one.
+Text streams as `...input_audio_transcription.delta` of the item being spoken, and
+`.completed` carries the item's whole transcript once the engine is done with it.
+"""
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import soxr
+
+from realtime.events import Delta, Done, EngineEvent, Failed, SpeechStarted, SpeechStopped
+from realtime.protocols.common import ProtocolError, decode_audio
+from realtime.protocols.openai_wire import (
+    Append,
+    Clear,
+    Commit,
+    ServerVad,
+    TranscriptionSettings,
+    Update,
+    dump,
+    error,
+    item,
+    new_id,
+    parse,
+    session_object,
+)
+from voxtral.audio import SAMPLE_RATE
+from voxtral.vad import VadConfig
+
+if TYPE_CHECKING:
+    from realtime.connection import Connection
+
+
+class OpenAISession:
+    def __init__(self, connection: "Connection") -> None:
+        self.connection = connection
+        self.session_id = new_id("sess")
+        self.settings = TranscriptionSettings()  # model, language, prompt as the client set them
+        self.vad: ServerVad | None = ServerVad()
+        self.rate = 24000
+        self.resampler: soxr.ResampleStream | None = self._resampler()
+        self.utterance: str | None = None  # the one receiving audio: the input buffer
+        self.buffered_samples = 0  # in the input buffer, at 16 kHz
+        self.session_samples = 0  # all audio of the session, at 16 kHz: the clock of audio_*_ms
+        self.items: dict[str, str] = {}  # utterance -> its item's id, until done or failed
+        self.item_start_ms: dict[str, int] = {}
+        self.previous_item: str | None = None
+
+    def _resampler(self) -> soxr.ResampleStream | None:
+        return None if self.rate == SAMPLE_RATE else soxr.ResampleStream(self.rate, SAMPLE_RATE, 1, "float32")
+
+    def _session(self) -> dict:
+        model = self.connection.limits.served_model
+        return session_object(self.session_id, model, self.rate, self.settings, self.vad)
+
+    def opened(self) -> None:
+        self.connection.send(dump("session.created", session=self._session()))
+
+    def handle(self, message: str | bytes) -> None:
+        event_id = None
+        try:
+            event, event_id = parse(message)
+            if isinstance(event, Update):
+                self._update(event.settings, event_id)
+            elif isinstance(event, Append):
+                self._append(decode_audio(event.audio))
+            elif isinstance(event, Commit):
+                self._commit(event_id)
+            elif isinstance(event, Clear):
+                if self.utterance is not None:
+                    self.connection.abort(self.utterance)
+                    self._forget(self.utterance)
+                self.resampler = self._resampler()
+                self.connection.send(dump("input_audio_buffer.cleared"))
+        except ProtocolError as exc:
+            self.connection.count_error(exc.code, exc.message)
+            self.connection.send(error(exc.code, exc.message, exc.event_id or event_id))
+
+    def _update(self, update: TranscriptionSettings, event_id: str | None) -> None:
+        limits = self.connection.limits
+        if update.model is not None and update.model not in limits.model_names:
+            if limits.strict_model:
+                raise ProtocolError("unknown_model", f"unknown model {update.model!r}", event_id)
+            self.connection.log.warning("session.model_substituted", requested=update.model[:200])
+        if update.rate is not None and update.rate != self.rate:
+            if self.buffered_samples:
+                raise ProtocolError(
+                    "invalid_value",
+                    "the audio format cannot change while the input buffer holds audio",
+                    event_id,
+                )
+            self.rate = update.rate
+            self.resampler = self._resampler()
+        for name in ("model", "language", "prompt"):
+            if (value := getattr(update, name)) is not None:
+                setattr(self.settings, name, value)
+        if update.set_turn_detection:
+            self.vad = update.turn_detection
+        self.connection.send(dump("session.updated", session=self._session()))
+
+    def _append(self, samples: np.ndarray) -> None:
+        if self.resampler is not None:
+            samples = self.resampler.resample_chunk(samples)
+        if self.utterance is None:
+            vad = self.vad and VadConfig(
+                threshold=self.vad.threshold, silence_ms=self.vad.silence_duration_ms
+            )
+            self.utterance = self.connection.start_utterance(vad or None)
+            self.items[self.utterance] = new_id("item")
+            self.item_start_ms[self.utterance] = self.session_samples * 1000 // SAMPLE_RATE
+        self.connection.add_audio(self.utterance, samples)
+        self.buffered_samples += len(samples)
+        self.session_samples += len(samples)
+
+    def _commit(self, event_id: str | None) -> None:
+        if self.utterance is None or not self.buffered_samples:
+            raise ProtocolError(
+                "input_audio_buffer_commit_empty", "the input audio buffer is empty", event_id
+            )
+        if self.resampler is not None:  # what it still holds belongs to this item
+            self.connection.add_audio(
+                self.utterance, self.resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            )
+            self.resampler = self._resampler()
+        self._end_item()
+
+    def _end_item(self) -> None:
+        utterance, item_id = self.utterance, self.items[self.utterance]
+        self.connection.finish(utterance)
+        self.connection.send(
+            dump("input_audio_buffer.committed", item_id=item_id, previous_item_id=self.previous_item)
+        )
+        self.connection.send(
+            dump("conversation.item.added", previous_item_id=self.previous_item, item=item(item_id, None))
+        )
+        self.previous_item = item_id
+        self.utterance, self.buffered_samples = None, 0
+
+    def on_event(self, utterance: str, event: EngineEvent) -> None:
+        item_id = self.items[utterance]
+        if isinstance(event, SpeechStarted | SpeechStopped):
+            if self.vad is None or utterance != self.utterance:
+                return  # turn events are server VAD's, and only for the turn being spoken
+            at = self.item_start_ms[utterance] + event.audio_ms
+            if isinstance(event, SpeechStarted):
+                start = max(self.item_start_ms[utterance], at - self.vad.prefix_padding_ms)
+                self.connection.send(
+                    dump("input_audio_buffer.speech_started", item_id=item_id, audio_start_ms=start)
+                )
+            else:
+                self.connection.send(
+                    dump("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=at)
+                )
+                self._end_item()
+        elif isinstance(event, Delta):
+            self._transcription("delta", item_id, delta=event.text)
+        elif isinstance(event, Done):
+            self._forget(utterance)
+            usage = {"type": "duration", "seconds": round(event.audio_seconds, 3)}
+            self._transcription("completed", item_id, transcript=event.text, usage=usage)
+            self.connection.send(dump("conversation.item.done", item=item(item_id, event.text)))
+        elif isinstance(event, Failed):
+            self._forget(utterance)
+            self.connection.send(error(event.code, event.message, server=True))
+
+    def _transcription(self, kind: str, item_id: str, **fields: object) -> None:
+        name = f"conversation.item.input_audio_transcription.{kind}"
+        self.connection.send(dump(name, item_id=item_id, content_index=0, **fields))
+
+    def _forget(self, utterance: str) -> None:
+        del self.items[utterance], self.item_start_ms[utterance]
+        if utterance == self.utterance:  # failed while receiving audio
+            self.utterance, self.buffered_samples = None, 0

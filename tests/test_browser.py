@@ -1,0 +1,60 @@
+"""The page at `/` in a real browser: Debian's chromium, driven by Playwright, with a speech
+file as its microphone (Playwright's own browsers are never downloaded)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from realtime.server import ServerConfig
+from tests.conftest import espeak
+from tests.server_harness import ServerThread
+from voxtral.whisper.runner import WhisperRunner
+
+SPOKEN = "The library opens in the morning and closes in the evening. You can borrow many books for a while."
+
+
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        pytest.fail("chromium is needed: bash scripts/setup.sh installs it")
+    return path
+
+
+@pytest.mark.slow
+def test_page_transcribes_the_microphone(whisper_model, tmp_path):
+    speech = tmp_path / "speech.wav"
+    espeak(SPOKEN, tmp_path / "raw.wav")
+    # The fake microphone plays the file once; the silence after it lets the last words end.
+    subprocess.run(["sox", str(tmp_path / "raw.wav"), str(speech), "pad", "1", "4"], check=True)
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4, api_key="sk-page"))
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=chromium(),
+                args=[
+                    "--use-fake-ui-for-media-stream",
+                    "--use-fake-device-for-media-stream",
+                    f"--use-file-for-fake-audio-capture={speech}%noloop",
+                    "--autoplay-policy=no-user-gesture-required",
+                ],
+            )
+            page = browser.new_page()
+            page.goto(harness.http + "/")
+            page.fill("#key", "sk-page")  # sent as the subprotocol OpenAI's browser clients use
+            page.click("#start")
+            expect(page.locator("#status")).to_have_text("listening", timeout=20_000)
+            expect(page.locator("#text")).to_contain_text("borrow", timeout=60_000, ignore_case=True)
+            page.click("#start")  # stop: the final commit
+            expect(page.locator("#status")).to_have_text("done", timeout=30_000)
+            text = page.locator("#text").text_content()
+            page.set_viewport_size({"width": 900, "height": 420})
+            page.screenshot(path=str(tmp_path / "page.png"))
+            browser.close()
+        for word in ("library", "opens", "morning", "evening", "borrow", "books"):
+            assert word in text.lower(), text
+    finally:
+        harness.stop()
+    assert Path(tmp_path / "page.png").stat().st_size > 0

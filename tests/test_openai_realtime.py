@@ -1,0 +1,250 @@
+"""OpenAI's Realtime transcription protocol, driven by the real `openai` SDK, and vLLM's own client."""
+
+import asyncio
+import base64
+import json
+
+import numpy as np
+import pytest
+import soxr
+from openai import AsyncOpenAI
+from websockets.sync.client import connect
+
+from benchmarks.text import word_error_rate
+from clients.audio import float32_to_pcm16
+from realtime.server import ServerConfig
+from tests.conftest import espeak
+from tests.server_harness import ServerThread, events_until
+from voxtral.whisper.runner import WhisperRunner
+
+SENTENCES = [
+    "The library opens in the morning and closes in the evening.",
+    "You can borrow many books and keep them for a while.",
+    "Please turn off your phone and speak softly.",
+]
+
+
+@pytest.fixture(scope="module")
+def server(whisper_model):
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=8, api_key="sk-test"))
+    yield harness
+    harness.stop()
+
+
+@pytest.fixture(scope="module")
+def turns(tmp_path_factory) -> list[np.ndarray]:
+    """Each sentence at 24 kHz, OpenAI's rate, followed by 1.2 s of silence."""
+    tmp = tmp_path_factory.mktemp("turns")
+    out = []
+    for i, sentence in enumerate(SENTENCES):
+        speech = espeak(sentence, tmp / f"{i}.wav", voice=["en-us", "en+m3", "en-us+f2"][i])
+        out.append(
+            np.concatenate([soxr.resample(speech, 16000, 24000), np.zeros(int(1.2 * 24000), np.float32)])
+        )
+    return out
+
+
+def client(server: ServerThread) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        api_key="sk-test", base_url=server.http + "/v1", websocket_base_url=server.url[: -len("/realtime")]
+    )
+
+
+def b64(samples: np.ndarray) -> str:
+    return base64.b64encode(float32_to_pcm16(samples)).decode()
+
+
+async def send_audio(connection, samples: np.ndarray, speed: float) -> None:
+    """200 ms events, paced at `speed` x real time."""
+    for offset in range(0, len(samples), 4800):
+        await connection.input_audio_buffer.append(audio=b64(samples[offset : offset + 4800]))
+        await asyncio.sleep(0.2 / speed)
+
+
+def transcription_session(turn_detection: dict | None) -> dict:
+    return {
+        "type": "transcription",
+        "audio": {
+            "input": {
+                "format": {"type": "audio/pcm", "rate": 24000},
+                "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                "turn_detection": turn_detection,
+            }
+        },
+    }
+
+
+async def events_until_completed(connection, count: int, timeout: float = 60) -> list:
+    events = []
+
+    async def collect() -> None:
+        async for event in connection:
+            events.append(event)
+            completed = [
+                e for e in events if e.type == "conversation.item.input_audio_transcription.completed"
+            ]
+            if len(completed) == count:
+                return
+
+    try:
+        await asyncio.wait_for(collect(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"not {count} completed items: {[e.type for e in events]}") from None
+    return events
+
+
+def check_items(events: list, expected: list[str]) -> None:
+    """One committed item per turn, each completed once, its deltas adding up to its transcript."""
+    committed = [e.item_id for e in events if e.type == "input_audio_buffer.committed"]
+    completed = [e for e in events if e.type == "conversation.item.input_audio_transcription.completed"]
+    assert [e.item_id for e in completed] == committed and len(set(committed)) == len(expected)
+    previous = [e.previous_item_id for e in events if e.type == "input_audio_buffer.committed"]
+    assert previous == [None, *committed[:-1]]
+    for item in completed:
+        deltas = [
+            e.delta
+            for e in events
+            if getattr(e, "item_id", None) == item.item_id and e.type.endswith(".delta")
+        ]
+        assert "".join(deltas) == item.transcript
+        assert item.usage.type == "duration" and item.usage.seconds > 1
+    heard = " ".join(e.transcript for e in completed)
+    assert word_error_rate(" ".join(expected), heard) <= 0.2, heard
+
+
+@pytest.mark.slow
+def test_openai_sdk_server_vad_gives_an_item_per_turn(server, turns):
+    async def run() -> list:
+        async with client(server).realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            created = await connection.recv()
+            assert created.type == "session.created" and created.session.type == "transcription"
+            vad = {
+                "type": "server_vad",
+                "threshold": 0.5,
+                "prefix_padding_ms": 300,
+                "silence_duration_ms": 500,
+            }
+            await connection.session.update(session=transcription_session(vad))
+            # Real time, as from a microphone: a turn ends where the VAD hears it end as audio arrives.
+            await send_audio(connection, np.concatenate(turns), speed=1.0)
+            return [created, *await events_until_completed(connection, len(turns))]
+
+    events = asyncio.run(run())
+    updated = next(e for e in events if e.type == "session.updated")
+    assert updated.session.audio.input.turn_detection.silence_duration_ms == 500
+    check_items(events, SENTENCES)
+    started = [e for e in events if e.type == "input_audio_buffer.speech_started"]
+    stopped = [e for e in events if e.type == "input_audio_buffer.speech_stopped"]
+    committed = [e.item_id for e in events if e.type == "input_audio_buffer.committed"]
+    assert [e.item_id for e in started] == [e.item_id for e in stopped] == committed
+    # Turn times on the session's clock: the sentences' places in the audio sent (a start
+    # includes the 300 ms prefix padding; a stop is where the 1.2 s of silence begins).
+    ends = np.cumsum([len(t) / 24 for t in turns])
+    for i, (start, stop) in enumerate(zip(started, stopped, strict=True)):
+        begin = ends[i - 1] if i else 0
+        assert begin - 350 <= start.audio_start_ms < stop.audio_end_ms <= ends[i] - 900, (i, start, stop)
+
+
+@pytest.mark.slow
+def test_openai_sdk_manual_commits_without_turn_detection(server, turns):
+    async def run() -> list:
+        async with client(server).realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            await connection.session.update(session=transcription_session(None))
+            for turn in turns[:2]:
+                await send_audio(connection, turn, speed=10.0)
+                await connection.input_audio_buffer.commit()
+            return await events_until_completed(connection, 2)
+
+    events = asyncio.run(run())
+    assert not [e for e in events if e.type.startswith("input_audio_buffer.speech_")]
+    check_items(events, SENTENCES[:2])
+
+
+def test_openai_sdk_bad_events_get_openai_errors_and_the_session_goes_on(server, turns):
+    async def run() -> list:
+        async with client(server).realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            await connection.recv()  # session.created
+            await connection.send({"type": "input_audio_buffer.commit", "event_id": "ev-empty"})
+            await connection.send({"type": "response.create", "event_id": "ev-response"})
+            await connection.send(
+                {"type": "session.update", "event_id": "ev-realtime", "session": {"type": "realtime"}}
+            )
+            await connection.input_audio_buffer.append(audio="%%%not base64", event_id="ev-audio")
+            await connection.session.update(
+                session={"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+                event_id="ev-format",
+            )
+            errors = [await connection.recv() for _ in range(5)]
+            await connection.session.update(session=transcription_session(None))
+            await send_audio(connection, turns[0], speed=10.0)
+            await connection.input_audio_buffer.commit()
+            return errors + await events_until_completed(connection, 1)
+
+    events = asyncio.run(run())
+    errors = [(e.type, e.error.type, e.error.code, e.error.event_id) for e in events[:5]]
+    assert errors == [
+        ("error", "invalid_request_error", "input_audio_buffer_commit_empty", "ev-empty"),
+        ("error", "invalid_request_error", "invalid_event", "ev-response"),
+        ("error", "invalid_request_error", "invalid_value", "ev-realtime"),
+        ("error", "invalid_request_error", "invalid_audio", "ev-audio"),
+        ("error", "invalid_request_error", "invalid_value", "ev-format"),
+    ]
+    assert all(e.error.message for e in events[:5])
+    check_items(events[5:], SENTENCES[:1])
+
+
+def test_first_event_picks_openai_on_a_plain_url_with_the_beta_form(server, turns):
+    """An OpenAI client that does not say so in the URL, sending the older `transcription_session.update`."""
+    with connect(server.url, additional_headers={"Authorization": "Bearer sk-test"}) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        update = {
+            "input_audio_format": "pcm16",
+            "turn_detection": None,
+            "input_audio_transcription": {"model": "whisper-1"},
+        }
+        ws.send(json.dumps({"type": "transcription_session.update", "session": update}))
+        updated = json.loads(ws.recv(timeout=10))
+        assert updated["type"] == "session.updated"
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None
+        for offset in range(0, len(turns[1]), 4800):
+            ws.send(
+                json.dumps(
+                    {"type": "input_audio_buffer.append", "audio": b64(turns[1][offset : offset + 4800])}
+                )
+            )
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = events_until(ws, "conversation.item.input_audio_transcription.completed")
+    assert [e["type"] for e in events][:2] == ["input_audio_buffer.committed", "conversation.item.added"]
+    assert word_error_rate(SENTENCES[1], events[-1]["transcript"]) <= 0.2, events[-1]
+
+
+def test_vllm_realtime_client_with_its_default_flags(server, tmp_path):
+    """What vLLM's `examples/online_serving/openai_realtime_client.py` does: its default model
+    name, 4,096-byte chunks sent at once, then the final commit."""
+    speech = espeak(" ".join(SENTENCES), tmp_path / "speech.wav")
+    pcm = float32_to_pcm16(speech)
+    with connect(server.url, additional_headers={"Authorization": "Bearer sk-test"}) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update", "model": "mistralai/Voxtral-Mini-4B-Realtime-2602"}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        for i in range(0, len(pcm), 4096):
+            chunk = base64.b64encode(pcm[i : i + 4096]).decode()
+            ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        events = events_until(ws, "transcription.done", timeout=120)
+    assert not [e for e in events if e["type"] == "error"], events
+    assert word_error_rate(" ".join(SENTENCES), events[-1]["text"]) <= 0.2, events[-1]
+
+
+def test_strict_model_refuses_a_model_it_does_not_serve(whisper_model):
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=2, strict_model=True))
+    try:
+        with harness.connect() as ws:
+            ws.send(json.dumps({"type": "session.update", "model": "whisper-tiny.en"}))
+            ws.send(
+                json.dumps({"type": "session.update", "model": "mistralai/Voxtral-Mini-4B-Realtime-2602"})
+            )
+            error = json.loads(ws.recv(timeout=10))
+            assert (error["type"], error["code"]) == ("error", "unknown_model")
+    finally:
+        harness.stop()
