@@ -44,6 +44,23 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--drain-seconds", type=float, default=10.0)
     parser.add_argument("--outbox-events", type=int, default=256, help="events queued per slow client")
+    parser.add_argument("--idle-seconds", type=float, default=30.0, help="close a connection without events")
+    parser.add_argument(
+        "--max-buffered-seconds",
+        type=float,
+        default=30.0,
+        help="unconsumed audio per connection before reads pause",
+    )
+    parser.add_argument("--max-events-per-second", type=float, default=500.0)
+    parser.add_argument("--max-connections-per-ip", type=int, default=0, help="0: no limit")
+    parser.add_argument(
+        "--trusted-proxies",
+        default="",
+        help="addresses/networks whose X-Forwarded-For names the client, e.g. 127.0.0.1,10.0.0.0/8",
+    )
+    parser.add_argument(
+        "--allowed-origins", default="", help="browser origins allowed, comma-separated (default: any)"
+    )
 
 
 def build_server(args: argparse.Namespace):
@@ -51,6 +68,7 @@ def build_server(args: argparse.Namespace):
 
     from realtime.config import EngineConfig
     from realtime.engine import Engine
+    from realtime.limits import parse_networks
     from realtime.server import RealtimeServer, ServerConfig
     from voxtral.loading import load_model
 
@@ -68,6 +86,12 @@ def build_server(args: argparse.Namespace):
         strict_model=args.strict_model,
         drain_seconds=args.drain_seconds,
         outbox_events=args.outbox_events,
+        idle_seconds=args.idle_seconds,
+        max_buffered_seconds=args.max_buffered_seconds,
+        max_events_per_second=args.max_events_per_second,
+        max_connections_per_ip=args.max_connections_per_ip,
+        trusted_proxies=parse_networks(args.trusted_proxies),
+        allowed_origins=[o.strip() for o in args.allowed_origins.split(",") if o.strip()],
     )
     server = RealtimeServer(engine, server_config, loaded.names, loaded.label)
     engine.on_step = lambda seconds, _: server.metrics.step_seconds.observe(seconds)

@@ -32,6 +32,8 @@ class EngineStats:
     tokens: int = 0
     kv_slots_used: int = 0
     vad_calls: int = 0  # batched VAD calls: at most one per step
+    # Per live utterance, its client audio the engine has computed: connections pace reads by it.
+    consumed_samples: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def take(cls, engine: "Engine") -> "EngineStats":
@@ -39,5 +41,5 @@ class EngineStats:
         return cls(
             len(engine.utterances), cache.num_referenced_rows, cache.num_used_rows, cache.capacity_rows,
             features.queries, features.hits, features.num_bytes, engine.num_steps, engine.num_tokens,
-            engine.runner.num_slots_in_use, engine.vad.calls,
+            engine.runner.num_slots_in_use, engine.vad.calls, engine.utterances.consumed_samples(),
         )  # fmt: skip

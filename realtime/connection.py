@@ -5,8 +5,8 @@ into calls here and engine events into server events; this class owns what both 
 """
 
 import asyncio
+import contextlib
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -16,17 +16,10 @@ from websockets.exceptions import ConnectionClosed
 
 from realtime.engine import Engine
 from realtime.events import Delta, Done, EngineEvent, Failed
+from realtime.limits import ConnectionLimits, EventRate
 from realtime.metrics import Metrics
 from voxtral.audio import SAMPLE_RATE
 from voxtral.vad import VadConfig
-
-
-@dataclass
-class ConnectionLimits:
-    outbox_events: int = 256
-    served_model: str = ""
-    model_names: frozenset[str] = frozenset()  # names a client may ask for the served model by
-    strict_model: bool = False  # refuse a model name voxrt does not serve (vLLM accepts any)
 
 
 class WireSession(Protocol):
@@ -39,10 +32,15 @@ class WireSession(Protocol):
     def on_event(self, utterance_id: str, event: EngineEvent) -> None:
         """One engine event of an utterance this session started."""
 
+    def error_event(self, code: str, message: str) -> str:
+        """An error event in the protocol's shape, for errors the connection raises."""
+
 
 class Connection:
-    """Server events go through a bounded outbox: a client that stops reading fills it and
-    is closed with `slow_consumer`, so memory does not grow."""
+    """What one client can hold is bounded: server events go through a bounded outbox (a
+    client that stops reading is closed with `slow_consumer`); audio the engine has not
+    consumed yet, by pausing the socket's reads (TCP backpressure); events per second, by
+    a bucket (`rate_limited`); and time without events, by `idle_timeout`."""
 
     def __init__(
         self,
@@ -62,6 +60,9 @@ class Connection:
         self.loop = asyncio.get_running_loop()
         self.wire: WireSession | None = None
         self.utterances: set[str] = set()  # started, not yet done or failed
+        self.finishing: set[str] = set()  # input ended, result owed: the client may wait silently
+        self.sent_samples: dict[str, int] = {}  # per utterance, audio handed to the engine
+        self.rate = EventRate(limits.max_events_per_second)
         self.first_audio_at: dict[str, float] = {}  # utterances still waiting for their first delta
         self.num_utterances = 0
         self.idle = asyncio.Event()  # no utterance in the engine
@@ -71,23 +72,44 @@ class Connection:
         self.num_deltas = 0
         self.num_errors = 0
         self.closing: asyncio.Future | None = None
+        self.sender: asyncio.Task | None = None
 
     async def run(self, wire: WireSession) -> None:
         self.wire = wire  # a vLLM session may hand over to an OpenAI one on the first event
-        sender = asyncio.create_task(self._send_loop())
+        self.sender = asyncio.create_task(self._send_loop())
         wire.opened()
         self.log.info(
             "connection.open", remote=str(self.websocket.remote_address), protocol=type(wire).__name__
         )
         try:
-            async for message in self.websocket:
-                self.wire.handle(message)
+            while self.closing is None:
+                try:
+                    async with asyncio.timeout(self.limits.idle_seconds):
+                        message = await self.websocket.recv()
+                except TimeoutError:
+                    if not self.finishing:
+                        seconds = f"{self.limits.idle_seconds:g}"
+                        await self.close(1000, "idle_timeout", f"no event for {seconds} s")
+                    continue
+                if self.rate.allow():
+                    self.wire.handle(message)
+                    await self._backpressure()
+                elif self.rate.dropped > self.limits.max_events_per_second:
+                    await self.close(1008, "rate_limited", "events kept coming faster than allowed")
+                elif self.rate.dropped == 1:
+                    rate = f"{self.limits.max_events_per_second:g}"
+                    self.count_error("rate_limited", f"over {rate} events per second: events dropped")
+                    self.send(
+                        self.wire.error_event(
+                            "rate_limited", f"over {rate} events per second: events dropped"
+                        )
+                    )
         except ConnectionClosed:
             pass
         finally:
             for utterance in list(self.utterances):
                 self.abort(utterance)
-            sender.cancel()
+            self.sender.cancel()
             self.log.info(
                 "connection.close",
                 seconds=round(time.monotonic() - self.started_at, 3),
@@ -105,6 +127,32 @@ class Connection:
         except ConnectionClosed:
             pass
 
+    async def close(self, code: int, reason: str, message: str) -> None:
+        """An error event, the events queued before it, then the close frame."""
+        self.count_error(reason, message)
+        self.metrics.closes.labels(reason=reason).inc()
+        self.send(self.wire.error_event(reason, message))
+        self.closing = asyncio.ensure_future(self._close_after_outbox(code, reason))
+        await self.closing
+
+    async def _close_after_outbox(self, code: int, reason: str) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self.outbox.put_nowait(None)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.sender), 2.0)
+        await self.websocket.close(code, reason)
+
+    async def _backpressure(self) -> None:
+        """Read no further while the engine has more than `max_buffered_seconds` of this
+        connection's audio to consume: the client's sends then wait on TCP."""
+        limit = self.limits.max_buffered_seconds * SAMPLE_RATE
+        while self.utterances and self._unconsumed_samples() > limit:
+            await asyncio.sleep(0.05)
+
+    def _unconsumed_samples(self) -> int:
+        consumed = self.engine.stats().consumed_samples
+        return sum(sent - consumed.get(u, 0) for u, sent in self.sent_samples.items())
+
     def send(self, text: str) -> None:
         if self.closing is not None:
             return
@@ -112,6 +160,7 @@ class Connection:
             self.outbox.put_nowait(text)
         except asyncio.QueueFull:
             self.count_error("slow_consumer", "client is not reading events")
+            self.metrics.closes.labels(reason="slow_consumer").inc()
             self.log.warning("connection.slow_consumer", outbox=self.outbox.qsize())
             for utterance in list(self.utterances):
                 self.abort(utterance)
@@ -143,12 +192,14 @@ class Connection:
         if not len(samples):
             return
         self.first_audio_at.setdefault(utterance, time.monotonic())
+        self.sent_samples[utterance] = self.sent_samples.get(utterance, 0) + len(samples)
         seconds = len(samples) / SAMPLE_RATE
         self.audio_seconds += seconds
         self.metrics.audio_seconds.inc(seconds)
         self.engine.add_audio(utterance, samples)
 
     def finish(self, utterance: str) -> None:
+        self.finishing.add(utterance)
         self.engine.finish_input(utterance)
 
     def finish_all(self) -> None:
@@ -178,6 +229,8 @@ class Connection:
 
     def _ended(self, utterance: str) -> None:
         self.utterances.discard(utterance)
+        self.finishing.discard(utterance)
+        self.sent_samples.pop(utterance, None)
         self.first_audio_at.pop(utterance, None)
         self.metrics.utterances_active.dec()
         if not self.utterances:

@@ -56,6 +56,9 @@ class Metrics:
         self.audio_seconds = Counter("voxrt_audio_seconds", "audio received, in seconds", registry=r)
         self.deltas = Counter("voxrt_deltas", "transcription.delta events sent", registry=r)
         self.errors = Counter("voxrt_errors", "error events and refusals, by code", ["code"], registry=r)
+        self.closes = Counter(
+            "voxrt_closes", "connections the server closed, by reason", ["reason"], registry=r
+        )
         self.step_seconds = Histogram(
             "voxrt_step_seconds", "model time per engine step", buckets=LATENCY_BUCKETS, registry=r
         )

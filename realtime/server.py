@@ -5,8 +5,10 @@ import contextlib
 import hmac
 import json
 import signal
+import socket
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -16,8 +18,9 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from realtime.connection import Connection, ConnectionLimits
+from realtime.connection import Connection
 from realtime.engine import Engine
+from realtime.limits import ConnectionLimits, Network, client_address
 from realtime.metrics import Metrics
 from realtime.protocols import vllm as protocol
 from realtime.protocols.openai import OpenAISession
@@ -27,6 +30,10 @@ log = structlog.get_logger("voxrt.server")
 
 REALTIME_PATH = "/v1/realtime"
 PAGE = Path(__file__).parent / "static" / "index.html"  # a page to try voxrt in a browser, at `/`
+# What the kernel buffers per connection before a client's sends block: small, so that a
+# client uploading faster than the engine consumes waits in its own send call, and a
+# keepalive pong does not queue behind minutes of audio (Linux lets it grow to 32 MiB).
+RECEIVE_BUFFER_BYTES = 256 << 10
 # Browsers cannot set headers on a WebSocket: OpenAI's browser clients send the key as a subprotocol.
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 ENGINE_CHECK_SECONDS = 1.0
@@ -42,6 +49,12 @@ class ServerConfig:
     strict_model: bool = False
     drain_seconds: float = 10.0
     outbox_events: int = 256
+    idle_seconds: float = 30.0
+    max_buffered_seconds: float = 30.0
+    max_events_per_second: float = 500.0
+    max_connections_per_ip: int = 0  # 0: no limit
+    trusted_proxies: list[Network] = field(default_factory=list)
+    allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
 
 
 class RealtimeServer:
@@ -51,8 +64,15 @@ class RealtimeServer:
         self.metrics = Metrics(engine)
         self.model_label = model_label
         self.limits = ConnectionLimits(
-            config.outbox_events, model_label, frozenset(model_names), config.strict_model
+            config.outbox_events,
+            model_label,
+            frozenset(model_names),
+            config.strict_model,
+            config.idle_seconds,
+            config.max_buffered_seconds,
+            config.max_events_per_second,
         )
+        self.connections_by_address: Counter[str] = Counter()
         self.connections: set[Connection] = set()
         self.draining = False
         self.server: Server | None = None
@@ -113,6 +133,14 @@ class RealtimeServer:
             return self._respond(connection, HTTPStatus.OK, PAGE.read_text(), "text/html; charset=utf-8")
         if path != REALTIME_PATH:
             return self._respond(connection, HTTPStatus.NOT_FOUND, "not found\n", "text/plain")
+        origin = request.headers.get("Origin")
+        if self.config.allowed_origins and origin is not None and origin not in self.config.allowed_origins:
+            return self._refuse(
+                connection,
+                HTTPStatus.FORBIDDEN,
+                "origin_not_allowed",
+                f"origin {origin[:200]!r} is not allowed",
+            )
         if not self._authorized(request.headers):
             return self._refuse(
                 connection, HTTPStatus.UNAUTHORIZED, "unauthorized", "missing or wrong API key"
@@ -128,7 +156,19 @@ class RealtimeServer:
                 "too_many_sessions",
                 f"server is at its limit of {self.config.max_sessions} sessions",
             )
+        limit = self.config.max_connections_per_ip
+        if limit and self.connections_by_address[self._address(connection)] >= limit:
+            return self._refuse(
+                connection,
+                HTTPStatus.TOO_MANY_REQUESTS,
+                "too_many_connections_from_address",
+                f"at most {limit} connections from one address",
+            )
         return None
+
+    def _address(self, connection: ServerConnection) -> str:
+        peer = connection.remote_address[0]
+        return client_address(peer, connection.request.headers, self.config.trusted_proxies)
 
     async def _handle(self, websocket: ServerConnection) -> None:
         connection_id = f"sess-{uuid.uuid4().hex}"
@@ -136,26 +176,34 @@ class RealtimeServer:
         # OpenAI's SDK puts `intent=transcription` (or a model) in the URL; vLLM's clients do not.
         query = parse_qs(urlsplit(websocket.request.path).query)
         openai = "intent" in query or "model" in query
+        address = self._address(websocket)
+        self.connections_by_address[address] += 1
         self.connections.add(connection)
         self.metrics.connections_active.inc()
         try:
             await connection.run(OpenAISession(connection) if openai else VllmSession(connection))
         finally:
             self.connections.discard(connection)
+            self.connections_by_address[address] -= 1
+            if not self.connections_by_address[address]:
+                del self.connections_by_address[address]  # the table holds live addresses only
             self.metrics.connections_active.dec()
 
     async def start(self) -> None:
         self.engine.start()
         self.server = await serve(
             self._handle,
-            self.config.host,
-            self.config.port,
+            sock=_listening_socket(self.config.host, self.config.port),
             process_request=self._process_request,
             select_subprotocol=_select_subprotocol,
             max_size=self.config.max_frame_bytes,
             max_queue=16,
+            # Pings keep idle balancers and NATs from dropping the connection. No pong deadline:
+            # a client uploading faster than real time has its pong queued behind audio the
+            # server deliberately does not read yet; a vanished peer sends no events and is
+            # closed by the idle timeout instead.
             ping_interval=20,
-            ping_timeout=20,
+            ping_timeout=None,
         )
         self.port = self.server.sockets[0].getsockname()[1]
         log.info(
@@ -211,3 +259,14 @@ def _select_subprotocol(connection: ServerConnection, subprotocols: list[str]) -
     """`realtime` when offered (OpenAI's browser clients offer it with their key): a
     browser that offered subprotocols refuses an upgrade that picks none. Never the key."""
     return "realtime" if "realtime" in subprotocols else None
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """Accepted connections inherit the listening socket's receive buffer: set it before listen."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+    sock.bind((host, port))
+    sock.listen(512)
+    sock.setblocking(False)
+    return sock

@@ -57,6 +57,11 @@ class Utterances(dict[str, Utterance]):
         super().__init__()
         self.runner, self.scheduler, self.ingest, self.config = runner, scheduler, ingest, config
 
+    def consumed_samples(self) -> dict[str, int]:
+        """Per utterance, how much of its client audio the model has computed."""
+        lead, per_position = self.runner.leading_silence_samples, self.runner.samples_per_position
+        return {u.id: max(0, u.request.num_computed * per_position - lead) for u in self.values()}
+
     def add(self, utterance_id: str, on_event: Callable[[EngineEvent], None], vad: VadConfig) -> None:
         if utterance_id in self:
             emit(on_event, Failed("invalid_event", f"utterance {utterance_id!r} already exists"))

@@ -60,6 +60,9 @@ class OpenAISession:
     def opened(self) -> None:
         self.connection.send(dump("session.created", session=self._session()))
 
+    def error_event(self, code: str, message: str) -> str:
+        return error(code, message)
+
     def handle(self, message: str | bytes) -> None:
         event_id = None
         try:

@@ -104,6 +104,9 @@ class VllmSession:
             )
         )
 
+    def error_event(self, code: str, message: str) -> str:
+        return error(code, message)
+
     def handle(self, message: str | bytes) -> None:
         if not self.connection.num_utterances and is_openai_event(message):
             # An OpenAI client on a URL that did not say so: its first event picks the protocol.

@@ -1,0 +1,73 @@
+"""What one client may take: per-connection limits, the event-rate bucket, the client's address."""
+
+import ipaddress
+import time
+from dataclasses import dataclass, field
+
+from websockets.datastructures import Headers
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass
+class ConnectionLimits:
+    outbox_events: int = 256
+    served_model: str = ""
+    model_names: frozenset[str] = frozenset()  # names a client may ask for the served model by
+    strict_model: bool = False  # refuse a model name voxrt does not serve (vLLM accepts any)
+    idle_seconds: float = 30.0  # no client event this long (and no result owed): closed
+    max_buffered_seconds: float = (
+        30.0  # audio received, not yet consumed by the engine: reading pauses past it
+    )
+    max_events_per_second: float = 500.0
+
+
+@dataclass
+class EventRate:
+    """A token bucket holding one second's worth of events; what it cannot pay for is dropped."""
+
+    per_second: float
+    tokens: float = field(init=False)
+    refilled_at: float = field(default_factory=time.monotonic)
+    dropped: int = 0  # events dropped since the bucket was last half full: one flood
+
+    def __post_init__(self) -> None:
+        self.tokens = self.per_second
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.per_second, self.tokens + (now - self.refilled_at) * self.per_second)
+        self.refilled_at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            if self.tokens >= self.per_second / 2:
+                self.dropped = 0  # the client slowed down: the flood is over
+            return True
+        self.dropped += 1
+        return False
+
+
+def parse_networks(text: str) -> list[Network]:
+    """`10.0.0.0/8,127.0.0.1`: addresses or networks, comma-separated."""
+    return [ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip()]
+
+
+def client_address(peer: str, headers: Headers, trusted_proxies: list[Network]) -> str:
+    """The peer, or behind trusted proxies the nearest untrusted address they forwarded for.
+
+    `X-Forwarded-For` is read from the right: each trusted proxy appended the address it
+    saw, and anything left of the first untrusted one may be forged by the client.
+    """
+    chain = [peer] + [
+        a.strip()
+        for value in reversed(headers.get_all("X-Forwarded-For"))
+        for a in reversed(value.split(","))
+    ]
+    for address in chain:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return address  # not an address: the hop that wrote it is the client as far as we know
+        if not any(ip in network for network in trusted_proxies):
+            return address
+    return chain[-1]

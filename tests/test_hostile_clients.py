@@ -1,0 +1,260 @@
+"""Careless and hostile clients over a real socket: idle, flooding, uploading an hour at once,
+many from one address, a foreign origin. The well-behaved sessions beside them get their text."""
+
+import base64
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from benchmarks.text import word_error_rate
+from realtime.config import EngineConfig
+from realtime.limits import parse_networks
+from realtime.server import ServerConfig
+from tests.server_harness import ServerThread, append_event, events_until, stream
+from voxtral.whisper.runner import WhisperRunner
+
+WELCOME_WORDS = "Good morning everyone. Today we will talk about the weather in the city."
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def health_ms(server: ServerThread) -> float:
+    started = time.monotonic()
+    with urllib.request.urlopen(server.http + "/health", timeout=10) as response:
+        response.read()
+    return (time.monotonic() - started) * 1000
+
+
+def transcribe(server: ServerThread, samples: np.ndarray, chunk: int = 1600) -> str:
+    with server.connect() as ws:
+        stream(ws, samples, chunk)
+        return events_until(ws, "transcription.done", timeout=120)[-1]["text"]
+
+
+@pytest.fixture(scope="module")
+def welcome_4s(welcome):
+    return welcome[0][: 4 * 16000]
+
+
+def test_idle_connections_are_closed_and_a_real_client_gets_in(whisper_model, welcome_4s):
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=3, idle_seconds=1.5))
+    try:
+        idle = [harness.connect() for _ in range(3)]
+        with pytest.raises(InvalidStatus) as refused:
+            harness.connect()
+        assert refused.value.response.status_code == 503
+        # One of them streams silence: sending events, it is not idle.
+        for _ in range(25):
+            idle[0].send(append_event(np.zeros(1600, np.float32)))
+            time.sleep(0.1)
+        for ws in idle[1:]:
+            error = json.loads(ws.recv(timeout=5))
+            assert (error["type"], error["code"]) == ("error", "idle_timeout")
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+            assert closed.value.rcvd.code == 1000 and closed.value.rcvd.reason == "idle_timeout"
+        assert word_error_rate(WELCOME_WORDS, transcribe(harness, welcome_4s)) <= 0.2
+        idle[0].send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        assert events_until(idle[0], "transcription.done")[-1]["text"] == ""
+        idle[0].close()
+        assert harness.metrics()["voxrt_closes_total{reason=idle_timeout}"] == 2
+    finally:
+        harness.stop()
+
+
+@pytest.mark.slow
+def test_an_hour_uploaded_at_full_speed_is_transcribed_in_bounded_memory(whisper_model, welcome_4s):
+    """Speech then silence, every minute for an hour, sent as fast as the socket takes it.
+
+    The feature cache is shared and bounded by its own budget (64 MiB by default): kept
+    small here, so that what is measured is what one connection can make the server hold.
+    """
+    engine_config = EngineConfig(max_sessions=2, feature_cache_bytes=8 << 20)
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=2), engine_config)
+    minute = np.concatenate([welcome_4s, np.zeros(56 * 16000, np.float32)])
+    events = [append_event(minute[i : i + 16000]) for i in range(0, len(minute), 16000)]
+    try:
+        transcribe(harness, minute)  # warm: caches and allocator at their working size
+        before = rss_mb()
+        peak = before
+        # Its own keepalive off: its ping would queue behind an hour of audio (the server's
+        # pings expect no pong in time for the same reason).
+        with harness.connect(ping_interval=None) as ws:
+            for _ in range(60):
+                for event in events:
+                    ws.send(event)
+                peak = max(peak, rss_mb())
+            ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+            done = events_until(ws, "transcription.done", timeout=600)[-1]
+        print(f"RSS {before:.0f} MB -> peak {peak:.0f} MB")
+        # Before reads paused, one such connection grew the server by ~290 MB; the goal is
+        # ~50 MB, and measured growth is 51-68 MB, in steps after half an hour (not yet explained).
+        assert peak - before < 100, (before, peak)
+        assert done["usage"]["audio_seconds"] == pytest.approx(3600, abs=1)
+        assert done["text"].lower().count("good morning") >= 55, done["text"]
+    finally:
+        harness.stop()
+
+
+def test_an_event_flood_is_closed_while_health_and_a_real_session_carry_on(whisper_model, welcome):
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4))
+    tiny = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\0\0").decode()})
+    flood: dict = {}
+
+    def spam() -> None:
+        with connect(harness.url) as ws:
+            ws.recv(timeout=10)  # session.created
+            try:
+                for _ in range(200_000):
+                    ws.send(tiny)
+                ws.recv(timeout=10)
+            except ConnectionClosed as exc:
+                flood["close"] = exc.rcvd
+            flood["events"] = []
+
+    try:
+        samples, text = welcome
+        spammer = threading.Thread(target=spam)
+        spammer.start()
+        latencies = []
+        result: dict = {}
+        session = threading.Thread(
+            target=lambda: result.update(text=transcribe(harness, samples[: 8 * 16000]))
+        )
+        session.start()
+        while spammer.is_alive() or session.is_alive():
+            latencies.append(health_ms(harness))
+            time.sleep(0.02)
+        spammer.join()
+        session.join()
+        print(f"/health during the flood: max {max(latencies):.0f} ms over {len(latencies)} probes")
+        assert max(latencies) < 100, sorted(latencies)[-5:]
+        assert flood["close"].code == 1008 and flood["close"].reason == "rate_limited"
+        assert word_error_rate(text.split(".")[0], result["text"].split(".")[0]) <= 0.2, result
+        metrics = harness.metrics()
+        assert metrics["voxrt_closes_total{reason=rate_limited}"] == 1
+        assert metrics["voxrt_errors_total{code=rate_limited}"] >= 1
+    finally:
+        harness.stop()
+
+
+def test_per_address_limit_counts_the_forwarded_client_only_behind_a_trusted_proxy(whisper_model):
+    config = ServerConfig(
+        max_sessions=10, max_connections_per_ip=2, trusted_proxies=parse_networks("127.0.0.1")
+    )
+    harness = ServerThread(WhisperRunner(whisper_model), config)
+
+    def open_as(address: str | None):
+        headers = {"X-Forwarded-For": address} if address else {}
+        return harness.connect(additional_headers=headers)
+
+    try:
+        first, second = open_as("203.0.113.7"), open_as("10.1.1.1, 203.0.113.7")
+        with pytest.raises(InvalidStatus) as refused:
+            open_as("203.0.113.7")
+        assert refused.value.response.status_code == 429
+        assert json.loads(refused.value.response.body)["code"] == "too_many_connections_from_address"
+        with open_as("198.51.100.9"), open_as(None), open_as(None):  # others are not limited by it
+            pass
+        first.close()
+        second.close()
+        time.sleep(0.3)
+        open_as("203.0.113.7").close()  # its connections closed: admitted again
+    finally:
+        harness.stop()
+    # Without trusted proxies the header is the client's word and is ignored.
+    harness = ServerThread(
+        WhisperRunner(whisper_model), ServerConfig(max_sessions=10, max_connections_per_ip=2)
+    )
+    try:
+        with open_as("1.1.1.1"), open_as("2.2.2.2"):
+            with pytest.raises(InvalidStatus) as refused:
+                open_as("3.3.3.3")
+            assert refused.value.response.status_code == 429
+    finally:
+        harness.stop()
+
+
+def test_origin_check_refuses_foreign_browsers_only(whisper_model):
+    config = ServerConfig(max_sessions=4, allowed_origins=["https://app.example"])
+    harness = ServerThread(WhisperRunner(whisper_model), config)
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            harness.connect(origin="https://evil.example")
+        assert refused.value.response.status_code == 403
+        assert json.loads(refused.value.response.body)["code"] == "origin_not_allowed"
+        harness.connect(origin="https://app.example").close()
+        harness.connect().close()  # no Origin: not a browser, the API key's business
+        assert harness.metrics()["voxrt_errors_total{code=origin_not_allowed}"] == 1
+    finally:
+        harness.stop()
+
+
+HOSTILE = st.lists(
+    st.sampled_from(["idle", "flood", "garbage", "vanish", "no_reader"]), min_size=1, max_size=4
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(hostile=HOSTILE)
+def test_well_behaved_sessions_get_their_text_whatever_the_hostile_ones_do(
+    whisper_model, welcome_4s, hostile
+):
+    harness = ServerThread(
+        WhisperRunner(whisper_model), ServerConfig(max_sessions=8, idle_seconds=1.0, outbox_events=8)
+    )
+    noise = np.random.default_rng(0).normal(0, 0.3, 16000).astype(np.float32)
+
+    def behave(kind: str) -> None:
+        try:
+            with connect(harness.url) as ws:
+                if kind == "idle":
+                    time.sleep(3)
+                elif kind == "flood":
+                    for _ in range(20_000):
+                        ws.send("{}")
+                elif kind == "garbage":
+                    for event in ["{", "[]", json.dumps({"type": "x"}), b"\x00"] * 50:
+                        ws.send(event)
+                elif kind == "vanish":
+                    stream(ws, noise, final=False)
+                    ws.socket.close()  # no close frame
+                elif kind == "no_reader":
+                    stream(ws, np.tile(noise, 4), chunk=160)  # many events back, none read
+                    time.sleep(3)
+        except (ConnectionClosed, OSError):
+            pass
+
+    try:
+        threads = [threading.Thread(target=behave, args=(kind,)) for kind in hostile]
+        for thread in threads:
+            thread.start()
+        texts = {}
+        good = [
+            threading.Thread(target=lambda i=i: texts.update({i: transcribe(harness, welcome_4s)}))
+            for i in range(2)
+        ]
+        for thread in good:
+            thread.start()
+        for thread in good + threads:
+            thread.join(timeout=120)
+        for i in range(2):
+            assert word_error_rate(WELCOME_WORDS, texts[i]) <= 0.2, (hostile, texts)
+    finally:
+        harness.stop()
+    assert harness.engine.stats().utterances == 0
