@@ -98,17 +98,11 @@ class Connection:
                     await self.close(1008, "rate_limited", "events kept coming faster than allowed")
                 elif self.rate.dropped == 1:
                     rate = f"{self.limits.max_events_per_second:g}"
-                    self.count_error("rate_limited", f"over {rate} events per second: events dropped")
-                    self.send(
-                        self.wire.error_event(
-                            "rate_limited", f"over {rate} events per second: events dropped"
-                        )
-                    )
+                    self.send_error("rate_limited", f"over {rate} events per second: events dropped")
         except ConnectionClosed:
             pass
         finally:
-            for utterance in list(self.utterances):
-                self.abort(utterance)
+            self.abort_all()
             self.sender.cancel()
             self.log.info(
                 "connection.close",
@@ -129,9 +123,8 @@ class Connection:
 
     async def close(self, code: int, reason: str, message: str) -> None:
         """An error event, the events queued before it, then the close frame."""
-        self.count_error(reason, message)
         self.metrics.closes.labels(reason=reason).inc()
-        self.send(self.wire.error_event(reason, message))
+        self.send_error(reason, message)
         self.closing = asyncio.ensure_future(self._close_after_outbox(code, reason))
         await self.closing
 
@@ -162,13 +155,17 @@ class Connection:
             self.count_error("slow_consumer", "client is not reading events")
             self.metrics.closes.labels(reason="slow_consumer").inc()
             self.log.warning("connection.slow_consumer", outbox=self.outbox.qsize())
-            for utterance in list(self.utterances):
-                self.abort(utterance)
+            self.abort_all()
             # The close frame may never reach a client that does not read: websockets
             # then drops the TCP connection after its close timeout.
             self.closing = asyncio.ensure_future(
                 self.websocket.close(1008, "slow_consumer: client is not reading events")
             )
+
+    def send_error(self, code: str, message: str) -> None:
+        """An error event in the wire protocol's shape, counted."""
+        self.count_error(code, message)
+        self.send(self.wire.error_event(code, message))
 
     def count_error(self, code: str, message: str) -> None:
         """An error event the wire session sends (or a close): counted and logged."""
@@ -206,6 +203,10 @@ class Connection:
         """The server drains: every utterance's input ends here."""
         for utterance in self.utterances:
             self.finish(utterance)
+
+    def abort_all(self) -> None:
+        for utterance in list(self.utterances):
+            self.abort(utterance)
 
     def abort(self, utterance: str) -> None:
         if utterance in self.utterances:

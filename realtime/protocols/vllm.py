@@ -94,7 +94,6 @@ class VllmSession:
     def __init__(self, connection: "Connection") -> None:
         self.connection = connection
         self.utterance: str | None = None  # the running utterance
-        self.finishing = False
         self.interim = False  # the client asked for `transcription.interim`
 
     def opened(self) -> None:
@@ -118,19 +117,17 @@ class VllmSession:
             if isinstance(event, SessionUpdate):
                 self._update(event)
             elif isinstance(event, AudioAppend):
-                if self.finishing:
+                if self.utterance in self.connection.finishing:
                     raise ProtocolError("input_finished", "audio after the final commit: wait for done")
                 self.connection.add_audio(self._running(), event.samples)
             else:
-                if self.finishing:
+                if self.utterance in self.connection.finishing:
                     raise ProtocolError("input_finished", "input already finished: wait for done")
                 utterance = self._running()
                 if event.final:
-                    self.finishing = True
                     self.connection.finish(utterance)
         except ProtocolError as exc:
-            self.connection.count_error(exc.code, exc.message)
-            self.connection.send(error(exc.code, exc.message))
+            self.connection.send_error(exc.code, exc.message)
 
     def _update(self, event: SessionUpdate) -> None:
         limits = self.connection.limits
@@ -158,5 +155,5 @@ class VllmSession:
                 self.connection.send(transcription_done(event.text, event.audio_seconds, event.num_tokens))
             else:
                 self.connection.send(error(event.code, event.message))
-            self.utterance, self.finishing = None, False
+            self.utterance = None
         # vLLM's wire has no turn events: SpeechStarted / SpeechStopped are not sent.
