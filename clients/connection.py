@@ -3,17 +3,21 @@
 import asyncio
 import base64
 import json
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
+from websockets.protocol import State
 
 from clients.audio import SAMPLE_RATE, float32_to_pcm16
 
 # Error codes after which the server sends no `transcription.done` for the utterance.
-UTTERANCE_ENDING_ERRORS = {"session_too_long", "processing_error", "slow_consumer"}
+UTTERANCE_ENDING_ERRORS = {"session_too_long", "processing_error", "slow_consumer", "server_overloaded"}
+RETRY_SECONDS = 120.0  # how long the clients keep retrying a busy server, by default
 
 
 class ServerError(Exception):
@@ -35,13 +39,62 @@ class Utterance:
     errors: list[dict] = field(default_factory=list)
 
 
-async def open_connection(url: str, api_key: str | None = None, open_timeout: float = 10) -> ClientConnection:
+def retry_delay(retry_after: str | None, attempt: int) -> float:
+    """What the server asked for (`Retry-After` seconds; 1 s if it did not say), doubled with
+    every refusal in a row up to 30 s, and up to half again at random so that the clients a
+    busy server refused together do not all come back together."""
+    try:
+        asked = max(0.0, float(retry_after)) if retry_after is not None else 1.0
+    except ValueError:
+        asked = 1.0
+    return max(asked, min(30.0, asked * 2**attempt)) * random.uniform(1.0, 1.5)
+
+
+async def open_connection(
+    url: str,
+    api_key: str | None = None,
+    open_timeout: float = 10,
+    retry_seconds: float = 0.0,
+    on_refused: Callable[[InvalidStatus], None] | None = None,
+) -> ClientConnection:
+    """Connect and read `session.created`. A 503 (busy or draining) is retried after its
+    `Retry-After` for up to `retry_seconds`; `on_refused` hears of each refusal."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    connection = await connect(url, additional_headers=headers, open_timeout=open_timeout, max_size=None)
+    deadline, refusals = time.monotonic() + retry_seconds, 0
+    while True:
+        try:
+            connection = await connect(
+                url, additional_headers=headers, open_timeout=open_timeout, max_size=None
+            )
+            break
+        except InvalidStatus as exc:
+            if on_refused is not None:
+                on_refused(exc)
+            delay = retry_delay(exc.response.headers.get("Retry-After"), refusals)
+            if exc.response.status_code != 503 or time.monotonic() + delay > deadline:
+                raise
+            refusals += 1
+            await asyncio.sleep(delay)
     created = json.loads(await connection.recv())
     if created.get("type") != "session.created":
         raise ServerError(created)
     return connection
+
+
+async def reopened(
+    connection: ClientConnection | None,
+    url: str,
+    api_key: str | None = None,
+    retry_seconds: float = RETRY_SECONDS,
+    on_refused: Callable[[InvalidStatus], None] | None = None,
+) -> ClientConnection:
+    """`connection` while it is open; else a new one. Between utterances: a server that
+    drains closes with 1001 once its running utterances are done, and the next goes elsewhere."""
+    if connection is not None and connection.state is State.OPEN:
+        return connection
+    if connection is not None:
+        await connection.close()
+    return await open_connection(url, api_key, retry_seconds=retry_seconds, on_refused=on_refused)
 
 
 async def send_audio(connection: ClientConnection, samples: np.ndarray) -> None:
@@ -104,7 +157,12 @@ async def stream_utterance(
                 result.errors.append(event)
                 if event.get("code") in UTTERANCE_ENDING_ERRORS:
                     break
-        await sender
+        ended = result.done is not None or any(
+            e.get("code") in UTTERANCE_ENDING_ERRORS for e in result.errors
+        )
+        if not ended or (sender.done() and result.done is not None):
+            await sender
+        # else the server ended the utterance first (a drain, a shed): the audio left is not sent.
     finally:
         sender.cancel()
     return result

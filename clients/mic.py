@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -11,10 +12,18 @@ import numpy as np
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
 from clients.audio import SAMPLE_RATE, load_audio_file
-from clients.connection import ServerError, commit, open_connection, send_audio
-from clients.stream import DEFAULT_URL, EXIT_CONNECTION, EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE
+from clients.connection import RETRY_SECONDS, ServerError, commit, reopened, send_audio
+from clients.stream import (
+    DEFAULT_URL,
+    EXIT_CONNECTION,
+    EXIT_OK,
+    EXIT_SERVER_ERROR,
+    EXIT_USAGE,
+    refusal_notice,
+)
 
 CHUNK = SAMPLE_RATE // 10  # 100 ms
+CLOSE_WAIT_SECONDS = 15.0  # a draining server closes after its running utterances are done
 PORTAUDIO_HINT = (
     "voxrt mic: PortAudio is missing: install it (Debian/Ubuntu: sudo apt-get install libportaudio2; "
     "macOS: brew install portaudio), or use --input-file"
@@ -27,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list-devices", action="store_true")
     parser.add_argument("--input-file", default=None, help="play a file as if it were the microphone")
     parser.add_argument("--api-key", default=None)
+    parser.add_argument(
+        "--retry-seconds", type=float, default=RETRY_SECONDS, help="retry a busy server this long"
+    )
 
 
 def _sounddevice():
@@ -86,6 +98,7 @@ async def _file_source(path: str, queue: asyncio.Queue, stop: asyncio.Event) -> 
         await queue.put(samples[offset : offset + CHUNK])
         await asyncio.sleep(max(0.0, started + (offset + CHUNK) / SAMPLE_RATE - time.monotonic()))
     await queue.put(None)
+    stop.set()  # the file has ended as Ctrl-C would end the microphone
 
 
 async def _mic_source(sd, device: int | None, queue: asyncio.Queue, stop: asyncio.Event) -> None:
@@ -101,23 +114,9 @@ async def _mic_source(sd, device: int | None, queue: asyncio.Queue, stop: asynci
     await queue.put(None)
 
 
-async def _run(args: argparse.Namespace, sd) -> int:
-    try:
-        connection = await open_connection(args.url, args.api_key)
-    except InvalidStatus as exc:
-        print(f"voxrt mic: server refused the connection: HTTP {exc.response.status_code}", file=sys.stderr)
-        return EXIT_CONNECTION
-    except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
-        print(f"voxrt mic: cannot connect to {args.url}: {exc}", file=sys.stderr)
-        return EXIT_CONNECTION
-    display = Display()
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
-    queue: asyncio.Queue = asyncio.Queue()
-    if args.input_file:
-        source = asyncio.create_task(_file_source(args.input_file, queue, stop))
-    else:
-        source = asyncio.create_task(_mic_source(sd, args.device, queue, stop))
+async def _utterance(connection, queue: asyncio.Queue, display: Display) -> tuple[int, str | None]:
+    """Stream the source's chunks as one utterance until `transcription.done` (after Ctrl-C,
+    or when a draining server ends it): (exit status, final text)."""
 
     async def send() -> None:
         await connection.send(json.dumps({"type": "session.update", "interim": True}))
@@ -128,29 +127,64 @@ async def _run(args: argparse.Namespace, sd) -> int:
         await commit(connection, final=True)
 
     sender = asyncio.create_task(send())
-    status, final_text = EXIT_SERVER_ERROR, None
     try:
-        async with connection:
-            async for message in connection:
-                event = json.loads(message)
-                if event["type"] == "transcription.delta":
-                    display.delta(event["delta"])
-                elif event["type"] == "transcription.interim":
-                    display.show_interim(event["text"])
-                elif event["type"] == "transcription.done":
-                    final_text, status = event["text"], EXIT_OK
-                    break
-                elif event["type"] == "error":
-                    print(f"\nvoxrt mic: server error {event['code']}: {event['error']}", file=sys.stderr)
+        async for message in connection:
+            event = json.loads(message)
+            if event["type"] == "transcription.delta":
+                display.delta(event["delta"])
+            elif event["type"] == "transcription.interim":
+                display.show_interim(event["text"])
+            elif event["type"] == "transcription.done":
+                return EXIT_OK, event["text"]
+            elif event["type"] == "error":
+                print(f"\nvoxrt mic: server error {event['code']}: {event['error']}", file=sys.stderr)
+        return EXIT_SERVER_ERROR, None
     except WebSocketException as exc:
         print(f"\nvoxrt mic: connection lost: {exc}", file=sys.stderr)
-        status = EXIT_CONNECTION
+        return EXIT_CONNECTION, None
+    finally:
+        sender.cancel()
+
+
+async def _run(args: argparse.Namespace, sd) -> int:
+    display = Display()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+    queue: asyncio.Queue = asyncio.Queue()
+    if args.input_file:
+        source = asyncio.create_task(_file_source(args.input_file, queue, stop))
+    else:
+        source = asyncio.create_task(_mic_source(sd, args.device, queue, stop))
+    connection, status = None, EXIT_OK
+    try:
+        # One utterance until Ctrl-C; a server that drains ends it (1001), and the words
+        # spoken meanwhile wait in the queue for the next server the balancer picks.
+        while status == EXIT_OK and not (stop.is_set() and queue.empty()):
+            try:
+                connection = await reopened(
+                    connection, args.url, args.api_key, args.retry_seconds, refusal_notice("mic")
+                )
+            except InvalidStatus as exc:
+                print(
+                    f"voxrt mic: server refused the connection: HTTP {exc.response.status_code}",
+                    file=sys.stderr,
+                )
+                return EXIT_CONNECTION
+            except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
+                print(f"voxrt mic: cannot connect to {args.url}: {exc}", file=sys.stderr)
+                return EXIT_CONNECTION
+            status, final_text = await _utterance(connection, queue, display)
+            if final_text is not None:
+                print(("\r\x1b[K" if display.tty else "\n") + final_text, flush=True)
+                display.text = ""
+            if not stop.is_set():
+                with contextlib.suppress(TimeoutError):  # the server closes once it has drained
+                    await asyncio.wait_for(connection.wait_closed(), CLOSE_WAIT_SECONDS)
     finally:
         stop.set()
-        sender.cancel()
         source.cancel()
-    if final_text is not None:
-        print(("\r\x1b[K" if display.tty else "\n") + final_text, flush=True)
+        if connection is not None:
+            await connection.close()
     return status
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
-from websockets.exceptions import WebSocketException
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.protocol import State
 
 from clients.audio import load_audio_file
-from clients.connection import open_connection, stream_utterance
+from clients.connection import reopened, stream_utterance
 from clients.stream import DEFAULT_URL
 
 SAMPLE = Path(__file__).resolve().parent / "samples" / "welcome.wav"
@@ -80,40 +81,63 @@ class SoakState:
     audio_seconds: float = 0.0
     deltas: int = 0
     errors: Counter = field(default_factory=Counter)
+    refusals: Counter = field(default_factory=Counter)  # by HTTP status, each retried after Retry-After
+    reconnects: int = 0  # after a drain (1001) or a shed (1013)
+    sheds: int = 0
     final_latencies: list[float] = field(default_factory=list)
 
 
 async def worker(
     i: int, args: argparse.Namespace, audios: list[np.ndarray], deadline: float, state: SoakState
 ):
+    """One client: utterances until the deadline, on one connection (or one each with
+    `--churn`), reconnecting like `voxrt stream` when a server is busy, drains or sheds."""
     turn = i  # sessions start on different files
+    connection = None
+
+    def refused(exc: InvalidStatus) -> None:
+        state.refusals[exc.response.status_code] += 1
+
     while time.monotonic() < deadline:
         try:
-            async with await open_connection(args.url, args.api_key) as connection:
-                while time.monotonic() < deadline:
-                    if args.churn:
-                        samples = audios[turn % len(audios)]
-                    else:  # one long session: the files back to back until the deadline
-                        reps = max(
-                            1, int((deadline - time.monotonic()) * args.speed / (len(audios[0]) / 16000)) + 1
-                        )
-                        samples = np.concatenate([audios[(turn + k) % len(audios)] for k in range(reps)])
-                    turn += 1
-                    sent_at = time.monotonic()
-                    result = await stream_utterance(connection, samples, 100, args.speed)
-                    state.final_latencies.append(
-                        time.monotonic() - sent_at - len(samples) / 16000 / args.speed
-                    )
-                    state.utterances += 1
-                    state.audio_seconds += len(samples) / 16000
-                    state.deltas += len(result.deltas)
-                    for error in result.errors:
-                        state.errors[error.get("code", "unknown")] += 1
-                    if args.churn:
-                        break
+            if connection is not None and connection.state is not State.OPEN:
+                state.reconnects += 1
+            connection = await reopened(
+                connection, args.url, args.api_key, max(0.0, deadline - time.monotonic()), refused
+            )
+            if args.churn:
+                samples = audios[turn % len(audios)]
+            else:  # one long session: the files back to back until the deadline
+                reps = max(1, int((deadline - time.monotonic()) * args.speed / (len(audios[0]) / 16000)) + 1)
+                samples = np.concatenate([audios[(turn + k) % len(audios)] for k in range(reps)])
+            turn += 1
+            sent_at = time.monotonic()
+            result = await stream_utterance(connection, samples, 100, args.speed)
+            for error in result.errors:
+                if error.get("code") == "server_overloaded":
+                    state.sheds += 1
+                else:
+                    state.errors[error.get("code", "unknown")] += 1
+            if result.done is not None:
+                state.final_latencies.append(time.monotonic() - sent_at - len(samples) / 16000 / args.speed)
+                state.utterances += 1
+                state.audio_seconds += len(samples) / 16000
+                state.deltas += len(result.deltas)
+            if args.churn:
+                await connection.close()
+                connection = None
+        except InvalidStatus as exc:
+            if exc.response.status_code != 503:  # a 503 past the deadline is a refusal, counted
+                state.errors[f"refused:{exc.response.status_code}"] += 1
+        except ConnectionClosed as exc:
+            # A draining server (1001) or a shed (1013) between events: reconnect. Else an error.
+            if exc.rcvd is None or exc.rcvd.code not in (1001, 1013):
+                state.errors[f"connection:{type(exc).__name__}"] += 1
         except (OSError, WebSocketException, TimeoutError) as exc:
             state.errors[f"connection:{type(exc).__name__}"] += 1
             await asyncio.sleep(1.0)
+    if connection is not None:
+        await connection.close()
 
 
 def rss_growth_mb(samples: list[dict], warmup_until: float) -> float:
@@ -196,6 +220,9 @@ async def soak(args: argparse.Namespace) -> dict:
         if state.final_latencies
         else None,
         "errors": dict(state.errors),
+        "refusals": {str(status): n for status, n in state.refusals.items()},
+        "reconnects": state.reconnects,
+        "sheds": state.sheds,
         "rss_mb": {
             "start": samples[0]["rss_mb"] if samples else None,
             "end": round(end["process_resident_memory_bytes"] / 2**20, 2),
@@ -240,34 +267,6 @@ def verdict(report: dict, args: argparse.Namespace) -> list[str]:
     return failures
 
 
-def plot(report: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t = [s["t"] / 60 for s in report["samples"]]
-    fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
-    axes[0].plot(t, [s["rss_mb"] for s in report["samples"]])
-    axes[0].set_ylabel("server RSS (MB)")
-    axes[1].plot(t, [s["encoder_cache_rows"] for s in report["samples"]])
-    axes[1].set_ylabel("encoder-cache rows")
-    axes[2].plot(
-        t, [s["p95_latency_s"] if s["p95_latency_s"] is not None else np.nan for s in report["samples"]]
-    )
-    axes[2].set_ylabel("p95 delta latency (s)")
-    axes[2].set_xlabel("minutes")
-    status = "PASS" if not report["failures"] else "FAIL: " + "; ".join(report["failures"])
-    fig.suptitle(
-        f"voxrt soak: {report['sessions']} sessions{' with churn' if report['churn'] else ''} — {status}"[
-            :120
-        ]
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.sessions < 1 or args.duration <= 0 or args.speed <= 0:
         print("voxrt soak: --sessions, --duration and --speed must be positive", file=sys.stderr)
@@ -283,6 +282,8 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1))
     if args.plot:
+        from clients.soak_plot import plot
+
         plot(report, args.plot)
     for failure in report["failures"]:
         print(f"voxrt soak: FAIL: {failure}", file=sys.stderr)

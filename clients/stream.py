@@ -4,12 +4,13 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 
 import soundfile
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
 from clients.audio import load_audio_file
-from clients.connection import ServerError, open_connection, stream_utterance
+from clients.connection import RETRY_SECONDS, ServerError, reopened, stream_utterance
 
 EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
@@ -29,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ask for interim text; on a terminal it trails the line, dimmed",
     )
     parser.add_argument("--api-key", default=None)
+    parser.add_argument(
+        "--retry-seconds",
+        type=float,
+        default=RETRY_SECONDS,
+        help="keep retrying a busy server (503) this long, as its Retry-After asks",
+    )
 
 
 def _fail(code: int, message: str) -> int:
@@ -36,17 +43,30 @@ def _fail(code: int, message: str) -> int:
     return code
 
 
+def refusal_notice(prog: str) -> Callable[[InvalidStatus], None]:
+    """What a client prints when a busy server refuses it and it will retry."""
+
+    def say(exc: InvalidStatus) -> None:
+        print(f"voxrt {prog}: server refused (HTTP {exc.response.status_code}); retrying", file=sys.stderr)
+
+    return say
+
+
 async def _stream(args: argparse.Namespace, audios: list) -> int:
-    try:
-        connection = await open_connection(args.url, args.api_key)
-    except InvalidStatus as exc:
-        return _fail(EXIT_CONNECTION, f"server refused the connection: HTTP {exc.response.status_code}")
-    except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
-        return _fail(EXIT_CONNECTION, f"cannot connect to {args.url}: {exc}")
-    status = EXIT_OK
+    status, connection = EXIT_OK, None
     speed = 1.0 if args.realtime else args.speed
-    async with connection:
+    try:
         for path, samples in audios:
+            try:
+                connection = await reopened(
+                    connection, args.url, args.api_key, args.retry_seconds, refusal_notice("stream")
+                )
+            except InvalidStatus as exc:
+                return _fail(
+                    EXIT_CONNECTION, f"server refused the connection: HTTP {exc.response.status_code}"
+                )
+            except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
+                return _fail(EXIT_CONNECTION, f"cannot connect to {args.url}: {exc}")
             committed: list[str] = []
 
             def show(event: dict, committed: list[str] = committed) -> None:
@@ -72,6 +92,9 @@ async def _stream(args: argparse.Namespace, audios: list) -> int:
                 status = EXIT_SERVER_ERROR
             if result.done is None:
                 return EXIT_SERVER_ERROR
+    finally:
+        if connection is not None:
+            await connection.close()
     return status
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import structlog
 
+from realtime.capacity import CapacityConfig
 from realtime.logs import configure_logging
 
 SAMPLE = Path(__file__).resolve().parent.parent / "clients" / "samples" / "welcome.wav"
@@ -33,7 +34,19 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-sessions", type=int, default=64)
+    parser.add_argument("--max-sessions", type=int, default=64, help="a hard cap, whatever capacity measures")
+    parser.add_argument(
+        "--target-busy",
+        type=float,
+        default=CapacityConfig.target_busy,
+        help="admit sessions while all of them speaking would keep the model at most this busy",
+    )
+    parser.add_argument(
+        "--max-lag-seconds",
+        type=float,
+        default=CapacityConfig.max_lag_seconds,
+        help="refuse new sessions, and shed the newest, once one is this far behind real time",
+    )
     parser.add_argument("--max-session-seconds", type=float, default=4 * 3600.0)
     parser.add_argument("--max-frame-bytes", type=int, default=1 << 20)
     parser.add_argument("--api-key", default=os.environ.get("VOXRT_API_KEY"), help="or env VOXRT_API_KEY")
@@ -75,7 +88,8 @@ def build_server(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, args.device, args.dtype, args.max_sessions)
-    engine_config = EngineConfig(max_sessions=args.max_sessions, max_session_seconds=args.max_session_seconds)
+    capacity = CapacityConfig(target_busy=args.target_busy, max_lag_seconds=args.max_lag_seconds)
+    engine_config = EngineConfig(args.max_sessions, args.max_session_seconds, capacity=capacity)
     engine = Engine(loaded.runner, engine_config)
     server_config = ServerConfig(
         host=args.host,

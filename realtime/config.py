@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from realtime.capacity import CapacityConfig
 from voxtral.vad import VadConfig
 
 if TYPE_CHECKING:
@@ -15,6 +16,7 @@ class EngineConfig:
     max_session_seconds: float = 4 * 3600.0
     feature_cache_bytes: int = 64 << 20
     vad: VadConfig = field(default_factory=VadConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,17 @@ class EngineStats:
     vad_calls: int = 0  # batched VAD calls: at most one per step
     # Per live utterance, its client audio the engine has computed: connections pace reads by it.
     consumed_samples: dict[str, int] = field(default_factory=dict)
+    busy_share: float = 0.0  # of the model's wall time, over the capacity window
+    capacity_sessions: int = 1  # sessions that fit, all speaking, under the target busy share
+    sustainable_sessions: int = 1  # the most that keep up at all: every step filling its period
 
     @classmethod
-    def take(cls, engine: "Engine") -> "EngineStats":
+    def take(cls, engine: "Engine", now: float) -> "EngineStats":
         cache, features = engine.scheduler.encoder_cache, engine.feature_cache
         return cls(
             len(engine.utterances), cache.num_referenced_rows, cache.num_used_rows, cache.capacity_rows,
             features.queries, features.hits, features.num_bytes, engine.num_steps, engine.num_tokens,
             engine.runner.num_slots_in_use, engine.vad.calls, engine.utterances.consumed_samples(),
+            engine.capacity.busy_share(now), engine.capacity.sessions(engine.config.capacity.target_busy),
+            engine.capacity.sessions(1.0),
         )  # fmt: skip

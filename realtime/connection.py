@@ -61,7 +61,9 @@ class Connection:
         self.wire: WireSession | None = None
         self.utterances: set[str] = set()  # started, not yet done or failed
         self.finishing: set[str] = set()  # input ended, result owed: the client may wait silently
+        self.draining = False  # the server ended every input: audio still coming is not the client's fault
         self.sent_samples: dict[str, int] = {}  # per utterance, audio handed to the engine
+        self.audio_started_at: dict[str, float] = {}  # per utterance, when its first audio came
         self.rate = EventRate(limits.max_events_per_second)
         self.first_audio_at: dict[str, float] = {}  # utterances still waiting for their first delta
         self.num_utterances = 0
@@ -146,6 +148,16 @@ class Connection:
         consumed = self.engine.stats().consumed_samples
         return sum(sent - consumed.get(u, 0) for u, sent in self.sent_samples.items())
 
+    def lag_seconds(self, consumed: dict[str, int], now: float) -> float:
+        """How far its furthest utterance is behind real time: the audio a real-time sender
+        would have sent by now (or less, if it sent less) that the model has not computed.
+        A client sending faster than real time is behind only once its audio's time has come."""
+        lags = [
+            min(self.sent_samples[u] / SAMPLE_RATE, now - started) - consumed.get(u, 0) / SAMPLE_RATE
+            for u, started in self.audio_started_at.items()
+        ]
+        return max([0.0, *lags])
+
     def send(self, text: str) -> None:
         if self.closing is not None:
             return
@@ -189,6 +201,7 @@ class Connection:
         if not len(samples):
             return
         self.first_audio_at.setdefault(utterance, time.monotonic())
+        self.audio_started_at.setdefault(utterance, time.monotonic())
         self.sent_samples[utterance] = self.sent_samples.get(utterance, 0) + len(samples)
         seconds = len(samples) / SAMPLE_RATE
         self.audio_seconds += seconds
@@ -201,6 +214,7 @@ class Connection:
 
     def finish_all(self) -> None:
         """The server drains: every utterance's input ends here."""
+        self.draining = True
         for utterance in self.utterances:
             self.finish(utterance)
 
@@ -232,6 +246,7 @@ class Connection:
         self.utterances.discard(utterance)
         self.finishing.discard(utterance)
         self.sent_samples.pop(utterance, None)
+        self.audio_started_at.pop(utterance, None)
         self.first_audio_at.pop(utterance, None)
         self.metrics.utterances_active.dec()
         if not self.utterances:

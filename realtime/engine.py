@@ -16,6 +16,7 @@ import numpy as np
 import structlog
 
 from cache import FeatureCache
+from realtime.capacity import Capacity
 from realtime.commands import Abort, AddUtterance, AppendAudio, Command, FinishInput
 from realtime.config import EngineConfig, EngineStats
 from realtime.events import Done, EngineEvent, Failed
@@ -38,14 +39,15 @@ class Engine:
         self.feature_cache = FeatureCache(self.config.feature_cache_bytes)
         self.utterances = Utterances(runner, self.scheduler, Ingest(runner, self.feature_cache), self.config)
         self.vad = Vad()
+        self.capacity = Capacity(self.config.capacity, runner.step_period_seconds, time.monotonic())
         self.on_step: Callable[[float, int], None] | None = None  # (model seconds, utterances)
         self.num_steps = self.num_tokens = 0
         self.model_seconds = 0.0  # summed over steps: with steps in flight, overlaps host work
-        self.snapshot = EngineStats()
         self._in_flight: deque[tuple[SchedulerOutput, Future[StepResult]]] = deque()
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="voxrt-engine", daemon=True)
+        self.snapshot = EngineStats.take(self, time.monotonic())
 
     def start(self) -> None:
         self._thread.start()
@@ -152,7 +154,7 @@ class Engine:
             len(self._in_flight) >= self.runner.max_steps_in_flight or not out.scheduled
         ):
             self._complete(*self._in_flight.popleft())
-        self.snapshot = EngineStats.take(self)
+        self.snapshot = EngineStats.take(self, time.monotonic())
 
     def _complete(self, out: SchedulerOutput, future: Future[StepResult]) -> None:
         try:
@@ -164,6 +166,8 @@ class Engine:
             raise
         self.num_steps += 1
         self.model_seconds += result.model_seconds
+        decoded = sum(1 for output in result.outputs.values() if output.num_tokens)
+        self.capacity.record(time.monotonic(), result.model_seconds, decoded)
         if self.on_step is not None:
             self.on_step(result.model_seconds, len(out.scheduled))
         for utterance_id, output in result.outputs.items():

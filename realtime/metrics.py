@@ -27,6 +27,11 @@ class _EngineCollector:
             "voxrt_encoder_cache_capacity_rows": ("encoder-cache capacity", stats.encoder_cache_capacity),
             "voxrt_feature_cache_bytes": ("feature-cache bytes held", stats.feature_cache_bytes),
             "voxrt_kv_slots_used": ("utterances holding per-utterance KV state", stats.kv_slots_used),
+            "voxrt_busy_share": ("share of wall time the model was busy, lately", stats.busy_share),
+            "voxrt_capacity_sessions": (
+                "sessions that fit, all speaking, under the target busy share",
+                stats.capacity_sessions,
+            ),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
@@ -58,6 +63,14 @@ class Metrics:
         self.errors = Counter("voxrt_errors", "error events and refusals, by code", ["code"], registry=r)
         self.closes = Counter(
             "voxrt_closes", "connections the server closed, by reason", ["reason"], registry=r
+        )
+        self.refusals = Counter("voxrt_refusals", "upgrades refused, by reason", ["reason"], registry=r)
+        self.sheds = Counter("voxrt_sheds", "utterances shed to keep the rest in real time", registry=r)
+        self.lag_seconds = Histogram(
+            "voxrt_lag_seconds",
+            "per utterance and step, seconds of its audio behind real time",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.step_seconds = Histogram(
             "voxrt_step_seconds", "model time per engine step", buckets=LATENCY_BUCKETS, registry=r

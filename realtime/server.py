@@ -18,10 +18,12 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from realtime.admission import Admission
 from realtime.connection import Connection
 from realtime.engine import Engine
 from realtime.limits import ConnectionLimits, Network, client_address
 from realtime.metrics import Metrics
+from realtime.protocols import openai_wire
 from realtime.protocols import vllm as protocol
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.vllm import VllmSession
@@ -37,6 +39,8 @@ RECEIVE_BUFFER_BYTES = 256 << 10
 # Browsers cannot set headers on a WebSocket: OpenAI's browser clients send the key as a subprotocol.
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 ENGINE_CHECK_SECONDS = 1.0
+# What a refused client is told to wait: about the capacity window's time to measure anew.
+RETRY_AFTER_SECONDS = 5
 
 
 @dataclass
@@ -74,8 +78,10 @@ class RealtimeServer:
         )
         self.connections_by_address: Counter[str] = Counter()
         self.connections: set[Connection] = set()
+        self.admission = Admission(engine, self.metrics, self.connections, config.max_sessions)
         self.draining = False
         self.server: Server | None = None
+        self.watcher: asyncio.Task | None = None
         self.port: int | None = None
 
     def _respond(self, connection: ServerConnection, status: HTTPStatus, body: str, ctype: str) -> Response:
@@ -85,8 +91,14 @@ class RealtimeServer:
 
     def _refuse(self, connection: ServerConnection, status: HTTPStatus, code: str, message: str) -> Response:
         self.metrics.errors.labels(code=code).inc()
+        self.metrics.refusals.labels(reason=code).inc()
         log.info("server.refused", code=code, status=int(status))
-        return self._respond(connection, status, protocol.error(code, message) + "\n", "application/json")
+        shape = openai_wire.error if _wants_openai(connection.request) else protocol.error
+        body = shape(code, message)
+        response = self._respond(connection, status, body + "\n", "application/json")
+        if status == HTTPStatus.SERVICE_UNAVAILABLE:
+            response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
 
     def _authorized(self, headers: Headers) -> bool:
         """The key as a bearer header, or as the subprotocol OpenAI's browser clients send."""
@@ -106,17 +118,21 @@ class RealtimeServer:
             status = "engine_dead"
         elif self.draining:
             status = "draining"
-        elif len(self.connections) >= self.config.max_sessions:
+        elif self.admission.busy() is not None:
             status = "at_capacity"
         else:
             status = "ok"
         healthy = status == "ok" or (path != "/health/ready" and status != "engine_dead")
+        stats, (_, fit) = self.engine.stats(), self.admission.seats()
         body = {
             "status": status,
             "model": self.model_label,
             "connections": len(self.connections),
+            "capacity": fit,
             "max_sessions": self.config.max_sessions,
-            "utterances": self.engine.stats().utterances,
+            "busy_share": round(stats.busy_share, 3),
+            "lag_seconds": round(self.admission.lag_seconds, 3),
+            "utterances": stats.utterances,
         }
         code = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
         return self._respond(connection, code, json.dumps(body) + "\n", "application/json")
@@ -149,13 +165,6 @@ class RealtimeServer:
             return self._refuse(
                 connection, HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"
             )
-        if len(self.connections) >= self.config.max_sessions:
-            return self._refuse(
-                connection,
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                "too_many_sessions",
-                f"server is at its limit of {self.config.max_sessions} sessions",
-            )
         limit = self.config.max_connections_per_ip
         if limit and self.connections_by_address[self._address(connection)] >= limit:
             return self._refuse(
@@ -164,6 +173,8 @@ class RealtimeServer:
                 "too_many_connections_from_address",
                 f"at most {limit} connections from one address",
             )
+        if (busy := self.admission.admit(connection)) is not None:
+            return self._refuse(connection, HTTPStatus.SERVICE_UNAVAILABLE, "server_busy", busy)
         return None
 
     def _address(self, connection: ServerConnection) -> str:
@@ -173,12 +184,11 @@ class RealtimeServer:
     async def _handle(self, websocket: ServerConnection) -> None:
         connection_id = f"sess-{uuid.uuid4().hex}"
         connection = Connection(websocket, self.engine, self.metrics, self.limits, connection_id)
-        # OpenAI's SDK puts `intent=transcription` (or a model) in the URL; vLLM's clients do not.
-        query = parse_qs(urlsplit(websocket.request.path).query)
-        openai = "intent" in query or "model" in query
+        openai = _wants_openai(websocket.request)
         address = self._address(websocket)
         self.connections_by_address[address] += 1
         self.connections.add(connection)
+        self.admission.seated(websocket)
         self.metrics.connections_active.inc()
         try:
             await connection.run(OpenAISession(connection) if openai else VllmSession(connection))
@@ -206,6 +216,7 @@ class RealtimeServer:
             ping_timeout=None,
         )
         self.port = self.server.sockets[0].getsockname()[1]
+        self.watcher = asyncio.create_task(self.admission.watch())
         log.info(
             "server.listening",
             url=f"ws://{self.config.host}:{self.port}{REALTIME_PATH}",
@@ -216,6 +227,8 @@ class RealtimeServer:
     async def drain_and_stop(self) -> None:
         """Stop accepting, let running utterances finish up to `drain_seconds`, close with 1001."""
         self.draining = True
+        if self.watcher is not None:
+            self.watcher.cancel()  # what runs now is drained, never shed
         log.info("server.draining", connections=len(self.connections), seconds=self.config.drain_seconds)
         if self.server is not None:
             self.server.close(close_connections=False)
@@ -249,6 +262,12 @@ class RealtimeServer:
             log.critical("server.engine_dead", action="exit 1 so that a supervisor restarts the process")
         await self.drain_and_stop()
         return 0 if self.engine.alive or stop.is_set() else 1
+
+
+def _wants_openai(request: Request) -> bool:
+    """OpenAI's SDK puts `intent=transcription` (or a model) in the URL; vLLM's clients do not."""
+    query = parse_qs(urlsplit(request.path).query)
+    return "intent" in query or "model" in query
 
 
 def _subprotocols(headers: Headers) -> list[str]:

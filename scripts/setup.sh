@@ -9,6 +9,7 @@ command -v espeak-ng >/dev/null || need+=(espeak-ng)
 command -v sox >/dev/null || need+=(sox)
 command -v flite >/dev/null || need+=(flite)  # a second speech engine for benchmarks/speech.py
 command -v chromium >/dev/null || need+=(chromium)  # the browser page's test, driven by Playwright
+command -v haproxy >/dev/null || need+=(haproxy)  # deploy/haproxy.cfg, tested in front of 2 replicas
 ldconfig -p 2>/dev/null | grep -q libportaudio.so.2 || need+=(libportaudio2)
 if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

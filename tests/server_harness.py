@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import ClientConnection, connect
 
 from clients.audio import float32_to_pcm16
+from realtime.capacity import CapacityConfig
 from realtime.config import EngineConfig
 from realtime.engine import Engine
 from realtime.server import RealtimeServer, ServerConfig
@@ -19,7 +20,10 @@ from realtime.server import RealtimeServer, ServerConfig
 class ServerThread:
     def __init__(self, runner, config: ServerConfig, engine_config: EngineConfig | None = None):
         config.port = 0
-        self.engine = Engine(runner, engine_config or EngineConfig(max_sessions=config.max_sessions))
+        # Measured capacity would refuse the many idle connections these tests open on
+        # 2 cores: here only --max-sessions caps them (tests/test_capacity.py tests admission).
+        unmeasured = EngineConfig(max_sessions=config.max_sessions, capacity=CapacityConfig(target_busy=100))
+        self.engine = Engine(runner, engine_config or unmeasured)
         self.server = RealtimeServer(self.engine, config, {"whisper-tiny.en", "whisper"}, "whisper-tiny.en")
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)

@@ -175,7 +175,8 @@ def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
             with pytest.raises(InvalidStatus) as refused:
                 harness.connect(**auth)
             assert refused.value.response.status_code == 503
-            assert json.loads(refused.value.response.body)["code"] == "too_many_sessions"
+            assert refused.value.response.headers["Retry-After"] == "5"
+            assert json.loads(refused.value.response.body)["code"] == "server_busy"
             # Full: a load balancer sends it no new sessions, but it is alive.
             assert health(harness, "/health/ready") == (503, "at_capacity")
             assert health(harness, "/health/live") == (200, "at_capacity")
@@ -185,7 +186,7 @@ def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
             time.sleep(0.05)
         metrics = harness.metrics()
         assert metrics["voxrt_errors_total{code=unauthorized}"] == 3
-        assert metrics["voxrt_errors_total{code=too_many_sessions}"] == 1
+        assert metrics["voxrt_refusals_total{reason=server_busy}"] == 1
     finally:
         harness.stop()
 

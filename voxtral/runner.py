@@ -43,6 +43,9 @@ class ModelRunner(Protocol):
     samples_per_position: int
     leading_silence_samples: int  # zeros an utterance's audio starts with
     history_dependent_items: bool  # an item's encoder output depends on the utterance's past
+    # How often each session must be stepped for its text to keep up: a step of all
+    # sessions must fit in it (what capacity is measured against).
+    step_period_seconds: float
     max_steps_in_flight: int  # 1: a step completes before the next one is scheduled
     num_slots_in_use: int  # utterances holding per-utterance device state (KV)
 

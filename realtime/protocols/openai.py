@@ -70,7 +70,8 @@ class OpenAISession:
             if isinstance(event, Update):
                 self._update(event.settings, event_id)
             elif isinstance(event, Append):
-                self._append(decode_audio(event.audio))
+                if not self.connection.draining:  # the server ended the turn: no new one starts
+                    self._append(decode_audio(event.audio))
             elif isinstance(event, Commit):
                 self._commit(event_id)
             elif isinstance(event, Clear):

@@ -117,6 +117,8 @@ class VllmSession:
             if isinstance(event, SessionUpdate):
                 self._update(event)
             elif isinstance(event, AudioAppend):
+                if self.connection.draining:
+                    return  # the server ended the input; the client will hear `transcription.done`
                 if self.utterance in self.connection.finishing:
                     raise ProtocolError("input_finished", "audio after the final commit: wait for done")
                 self.connection.add_audio(self._running(), event.samples)

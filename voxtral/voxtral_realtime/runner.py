@@ -18,6 +18,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
+from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
 from voxtral.runner import StepResult, UtteranceOutput
 from voxtral.voxtral_realtime.detokenizer import Detokenizer
@@ -67,6 +68,7 @@ class VoxtralRunner:
         self.device = model.device
         self.chunk_samples = model.samples_per_position
         self.samples_per_position = model.samples_per_position
+        self.step_period_seconds = model.samples_per_position / SAMPLE_RATE  # a position per step
         self.leading_silence_samples = model.left_pad_samples
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> audio embedding (worker-side)
         # A min-heap, engine thread only. Lowest slot first: live utterances stay packed at the

@@ -30,6 +30,9 @@ class WhisperPolicy:
 
     commit_policy: str = "alignatt"  # or "local-agreement": see voxtral/whisper/policy.py
     chunk_seconds: float = 0.5  # an item, and the cadence of an utterance's updates
+    # At full load each window is re-decoded at least this often (capacity's step budget):
+    # the latency a step adds to committed words stays under about a second.
+    step_period_seconds: float = 1.0
     # Hypotheses of less speech are unreliable (tiny.en hears "The Lord" for "Hello", or
     # "You" in the silence before a word), and a committed word is forced on every later decode.
     min_decode_seconds: float = 1.0
@@ -126,6 +129,7 @@ class WhisperRunner:
         self.policy = policy or WhisperPolicy()
         self.chunk_samples = int(self.policy.chunk_seconds * SAMPLE_RATE) // HOP * HOP
         self.samples_per_position = HOP
+        self.step_period_seconds = self.policy.step_period_seconds
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> device copy of an item's log-mel
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig:

@@ -1,0 +1,77 @@
+"""Who gets a seat: a new connection while the measured capacity has room and no session
+is behind real time; when one falls behind anyway, the newest connection is shed."""
+
+import asyncio
+import time
+
+import structlog
+from websockets.asyncio.server import ServerConnection
+from websockets.protocol import State
+
+from realtime.connection import Connection
+from realtime.engine import Engine
+from realtime.metrics import Metrics
+
+log = structlog.get_logger("voxrt.admission")
+
+CHECK_SECONDS = 0.5
+SHED_MESSAGE = "the server fell behind real time; the newest sessions are shed first: retry later"
+
+
+class Admission:
+    def __init__(self, engine: Engine, metrics: Metrics, connections: set[Connection], max_sessions: int):
+        self.engine, self.metrics, self.connections = engine, metrics, connections
+        self.max_sessions = max_sessions
+        self.max_lag_seconds = engine.config.capacity.max_lag_seconds
+        # Upgrades admitted whose handler has not started yet: they hold a seat already.
+        self.admitting: set[ServerConnection] = set()
+        self.lag_seconds = 0.0  # the furthest a session was behind real time at the last check
+        self.last_shed_at = 0.0
+
+    def seats(self) -> tuple[int, int]:
+        """(sessions held or being admitted, sessions that fit now)."""
+        self.admitting = {c for c in self.admitting if c.state is State.CONNECTING}
+        fit = min(self.max_sessions, self.engine.stats().capacity_sessions)
+        return len(self.connections) + len(self.admitting), fit
+
+    def busy(self) -> str | None:
+        """Why one more session would not fit, or None."""
+        (held, fit), stats = self.seats(), self.engine.stats()
+        if held >= fit:
+            return f"{held} sessions take the capacity of {fit} ({stats.busy_share:.0%} busy lately)"
+        if self.lag_seconds > self.max_lag_seconds:
+            return f"sessions are {self.lag_seconds:.1f} s behind real time"
+        return None
+
+    def admit(self, upgrade: ServerConnection) -> str | None:
+        """Seat the upgrade, or say why not."""
+        if (reason := self.busy()) is None:
+            self.admitting.add(upgrade)
+        return reason
+
+    def seated(self, upgrade: ServerConnection) -> None:
+        self.admitting.discard(upgrade)
+
+    async def watch(self) -> None:
+        """Measure every session's lag. While one is behind by more than `max_lag_seconds`,
+        shed the newest connections down to what the model sustains at all (at least one),
+        then wait as long again for the effect to show."""
+        while True:
+            await asyncio.sleep(CHECK_SECONDS)
+            now, stats = time.monotonic(), self.engine.stats()
+            lags = [c.lag_seconds(stats.consumed_samples, now) for c in self.connections]
+            for lag in lags:
+                self.metrics.lag_seconds.observe(lag)
+            self.lag_seconds = max(lags, default=0.0)
+            if self.lag_seconds <= self.max_lag_seconds or now - self.last_shed_at < self.max_lag_seconds:
+                continue
+            running = sorted(
+                (c for c in self.connections if c.utterances and c.closing is None),
+                key=lambda c: c.started_at,
+            )
+            newest = running[min(stats.sustainable_sessions, len(running) - 1) :]
+            log.warning("admission.shed", connections=len(newest), lag_seconds=round(self.lag_seconds, 3))
+            self.last_shed_at = now
+            self.metrics.sheds.inc(len(newest))
+            # 1013: try again later.
+            await asyncio.gather(*(c.close(1013, "server_overloaded", SHED_MESSAGE) for c in newest))

@@ -1,0 +1,60 @@
+"""Measured capacity: what one session costs the model per step lately, how many sessions
+that leaves room for, and whether a new one fits.
+
+A family steps each session at least once per `step_period_seconds` (Whisper re-decodes
+a window each second at full load; Voxtral Realtime computes a position per 80 ms): a
+batch of sessions keeps up while its step fits in that period. Whisper steps back to
+back when it has room (the model's busy share of wall time is high at one session), so
+the cost is read per step, not from the busy share, which is reported as a figure.
+"""
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass
+class CapacityConfig:
+    target_busy: float = 0.8  # share of each step period the model may spend on admitted sessions
+    max_lag_seconds: float = 3.0  # a session this far behind real time: refuse new ones, shed the newest
+    window_seconds: float = 10.0  # what "lately" means
+    # Model seconds per session per step before any step was measured: tiny.en (int8
+    # decoder) on 2 CPU cores. A faster box or model is measured within a step.
+    session_step_prior: float = 0.25
+
+
+@dataclass
+class _Step:
+    ended_at: float
+    model_seconds: float
+    sessions: int  # the sessions the model worked for in it
+
+
+class Capacity:
+    def __init__(self, config: CapacityConfig, step_period_seconds: float, now: float) -> None:
+        self.config = config
+        self.step_period_seconds = step_period_seconds
+        self.steps: deque[_Step] = deque()
+        self.started_at = now
+
+    def record(self, now: float, model_seconds: float, sessions: int) -> None:
+        self.steps.append(_Step(now, model_seconds, sessions))
+        while self.steps and self.steps[0].ended_at < now - self.config.window_seconds:
+            self.steps.popleft()
+
+    def busy_share(self, now: float) -> float:
+        span = min(self.config.window_seconds, now - self.started_at)
+        return sum(s.model_seconds for s in self.steps) / span if span > 0 else 0.0
+
+    @property
+    def session_step_seconds(self) -> float:
+        """Model seconds per session per step, over the window's steps that decoded any. The
+        whole step is charged to its sessions, fixed costs too: an estimate erring low."""
+        worked = [s for s in self.steps if s.sessions]
+        if not worked:
+            return self.config.session_step_prior
+        return sum(s.model_seconds for s in worked) / sum(s.sessions for s in worked)
+
+    def sessions(self, busy: float) -> int:
+        """How many sessions fit, all speaking, with each step at most `busy` of the period."""
+        return max(1, math.floor(busy * self.step_period_seconds / max(self.session_step_seconds, 1e-6)))
