@@ -44,18 +44,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-p95-latency", type=float, default=3.0, help="seconds, server delta latency")
     parser.add_argument("--max-rss-growth", type=float, default=200.0, help="MB after warm-up")
     parser.add_argument("--api-key", default=None)
+    # Behind a balancer: each replica's http://host:port, for its /metrics (default: --url's server).
+    parser.add_argument("--metrics", nargs="+", default=None, metavar="HTTP_BASE")
 
 
-def scrape(http_base: str) -> dict[str, float]:
-    with urllib.request.urlopen(http_base + "/metrics", timeout=10) as response:
-        text = response.read().decode()
+def scrape(http_bases: list[str]) -> dict[str, float]:
+    """Every server's /metrics, summed: replicas behind a balancer are read one by one."""
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "voxrt_delta_latency_seconds_bucket":
-                values[f"le={sample.labels['le']}"] = sample.value
-            elif not sample.labels:
-                values[sample.name] = sample.value
+    for http_base in http_bases:
+        with urllib.request.urlopen(http_base + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "voxrt_delta_latency_seconds_bucket":
+                    key = f"le={sample.labels['le']}"
+                elif not sample.labels:
+                    key = sample.name
+                else:
+                    continue
+                values[key] = values.get(key, 0.0) + sample.value
     return values
 
 
@@ -155,7 +162,7 @@ def rss_slope_mb_per_hour(samples: list[dict], warmup_until: float) -> float:
 
 
 async def soak(args: argparse.Namespace) -> dict:
-    http_base = args.url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
+    http_base = args.metrics or [args.url.replace("ws", "http", 1).split("/v1/")[0]]
     audios = [load_audio_file(path) for path in args.audio]
     state = SoakState()
     samples: list[dict] = []
