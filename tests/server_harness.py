@@ -21,8 +21,11 @@ class ServerThread:
     def __init__(self, runner, config: ServerConfig, engine_config: EngineConfig | None = None):
         config.port = 0
         # Measured capacity would refuse the many idle connections these tests open on
-        # 2 cores: here only --max-sessions caps them (tests/test_capacity.py tests admission).
-        unmeasured = EngineConfig(max_sessions=config.max_sessions, capacity=CapacityConfig(target_busy=100))
+        # 2 cores, and shedding would end their deliberately overloaded sessions: here only
+        # --max-sessions caps them (tests/test_capacity.py tests admission and shedding).
+        unmeasured = EngineConfig(
+            max_sessions=config.max_sessions, capacity=CapacityConfig(target_busy=100, max_lag_seconds=3600)
+        )
         self.engine = Engine(runner, engine_config or unmeasured)
         self.server = RealtimeServer(self.engine, config, {"whisper-tiny.en", "whisper"}, "whisper-tiny.en")
         self.loop = asyncio.new_event_loop()
