@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import json
 import signal
@@ -200,6 +201,9 @@ class RealtimeServer:
             self.metrics.connections_active.dec()
 
     async def start(self) -> None:
+        # What is loaded by now (the model, the caches) lives as long as the process: full
+        # collections need not walk it, and their pauses stall every connection's events.
+        gc.freeze()
         self.engine.start()
         self.server = await serve(
             self._handle,
