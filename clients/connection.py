@@ -58,7 +58,7 @@ async def open_connection(
     on_refused: Callable[[InvalidStatus], None] | None = None,
 ) -> ClientConnection:
     """Connect and read `session.created`. A 503 (busy or draining) is retried after its
-    `Retry-After` for up to `retry_seconds`; `on_refused` hears of each refusal."""
+    `Retry-After` for up to `retry_seconds`; `on_refused` hears of each refusal retried."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     deadline, refusals = time.monotonic() + retry_seconds, 0
     while True:
@@ -68,11 +68,11 @@ async def open_connection(
             )
             break
         except InvalidStatus as exc:
-            if on_refused is not None:
-                on_refused(exc)
             delay = retry_delay(exc.response.headers.get("Retry-After"), refusals)
             if exc.response.status_code != 503 or time.monotonic() + delay > deadline:
                 raise
+            if on_refused is not None:
+                on_refused(exc)
             refusals += 1
             await asyncio.sleep(delay)
     created = json.loads(await connection.recv())
@@ -160,9 +160,9 @@ async def stream_utterance(
         ended = result.done is not None or any(
             e.get("code") in UTTERANCE_ENDING_ERRORS for e in result.errors
         )
-        if not ended or (sender.done() and result.done is not None):
+        if not ended:  # the connection closed first: the sender's failure, if any, says why
             await sender
-        # else the server ended the utterance first (a drain, a shed): the audio left is not sent.
+        # Else the server ended it: the sender is done, or (a drain, a shed) its audio is moot.
     finally:
         sender.cancel()
     return result

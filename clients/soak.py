@@ -134,7 +134,9 @@ async def worker(
                 await connection.close()
                 connection = None
         except InvalidStatus as exc:
-            if exc.response.status_code != 503:  # a 503 past the deadline is a refusal, counted
+            if exc.response.status_code == 503:  # still busy at the deadline: a refusal, not an error
+                refused(exc)
+            else:
                 state.errors[f"refused:{exc.response.status_code}"] += 1
         except ConnectionClosed as exc:
             # A draining server (1001) or a shed (1013) between events: reconnect. Else an error.
@@ -162,13 +164,13 @@ def rss_slope_mb_per_hour(samples: list[dict], warmup_until: float) -> float:
 
 
 async def soak(args: argparse.Namespace) -> dict:
-    http_base = args.metrics or [args.url.replace("ws", "http", 1).split("/v1/")[0]]
+    http_bases = args.metrics or [args.url.replace("ws", "http", 1).split("/v1/")[0]]
     audios = [load_audio_file(path) for path in args.audio]
     state = SoakState()
     samples: list[dict] = []
     started = time.monotonic()
     deadline = started + args.duration
-    first = previous = scrape(http_base)
+    first = previous = scrape(http_bases)
     workers = [asyncio.create_task(worker(i, args, audios, deadline, state)) for i in range(args.sessions)]
     try:
         from tqdm import tqdm
@@ -178,7 +180,7 @@ async def soak(args: argparse.Namespace) -> dict:
         bar = None
     while time.monotonic() < deadline:
         await asyncio.sleep(min(args.sample_seconds, max(0.0, deadline - time.monotonic())))
-        now = scrape(http_base)
+        now = scrape(http_bases)
         t = time.monotonic() - started
         samples.append(
             {
@@ -202,14 +204,14 @@ async def soak(args: argparse.Namespace) -> dict:
     if bar is not None:
         bar.close()
     # All sessions have ended: every cache row they referenced must be back.
-    end = scrape(http_base)
+    end = scrape(http_bases)
     for _ in range(100):
         # The server's stats follow within a step.
         names = ("voxrt_utterances_active", "voxrt_engine_utterances", "voxrt_kv_slots_used")
         if all(end.get(name, 0) == 0 for name in names):
             break
         await asyncio.sleep(0.2)
-        end = scrape(http_base)
+        end = scrape(http_bases)
     warmup_until = args.duration * args.warmup
     quantiles = {q: histogram_quantile(first, end, q) for q in (0.5, 0.95, 0.99)}
     return {

@@ -64,8 +64,8 @@ class Connection:
         self.draining = False  # the server ended every input: audio still coming is not the client's fault
         self.sent_samples: dict[str, int] = {}  # per utterance, audio handed to the engine
         self.audio_started_at: dict[str, float] = {}  # per utterance, when its first audio came
+        self.delta_sent: set[str] = set()  # utterances whose first delta went out
         self.rate = EventRate(limits.max_events_per_second)
-        self.first_audio_at: dict[str, float] = {}  # utterances still waiting for their first delta
         self.num_utterances = 0
         self.idle = asyncio.Event()  # no utterance in the engine
         self.idle.set()
@@ -200,7 +200,6 @@ class Connection:
     def add_audio(self, utterance: str, samples: np.ndarray) -> None:
         if not len(samples):
             return
-        self.first_audio_at.setdefault(utterance, time.monotonic())
         self.audio_started_at.setdefault(utterance, time.monotonic())
         self.sent_samples[utterance] = self.sent_samples.get(utterance, 0) + len(samples)
         seconds = len(samples) / SAMPLE_RATE
@@ -234,8 +233,9 @@ class Connection:
             self.num_deltas += 1
             self.metrics.deltas.inc()
             self.metrics.delta_latency_seconds.observe(event.latency)
-            if (first_audio_at := self.first_audio_at.pop(utterance, None)) is not None:
-                self.metrics.first_delta_seconds.observe(time.monotonic() - first_audio_at)
+            if utterance not in self.delta_sent and utterance in self.audio_started_at:
+                self.delta_sent.add(utterance)
+                self.metrics.first_delta_seconds.observe(time.monotonic() - self.audio_started_at[utterance])
         elif isinstance(event, Failed):
             self.count_error(event.code, event.message)
         if isinstance(event, Done | Failed):
@@ -247,7 +247,7 @@ class Connection:
         self.finishing.discard(utterance)
         self.sent_samples.pop(utterance, None)
         self.audio_started_at.pop(utterance, None)
-        self.first_audio_at.pop(utterance, None)
+        self.delta_sent.discard(utterance)
         self.metrics.utterances_active.dec()
         if not self.utterances:
             self.idle.set()

@@ -2,9 +2,16 @@
 
 import asyncio
 import base64
+import contextlib
 import json
+import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -92,3 +99,67 @@ def expect_error(connection: ClientConnection, message: str | bytes, code: str) 
     assert event["type"] == "error" and event["code"] == code, event
     assert isinstance(event["error"], str) and event["error"]
     return event
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """(status, body), 4xx and 5xx included."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def wait_until(ready, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(OSError):
+            if ready():
+                return
+        assert time.monotonic() < deadline, "not ready in time"
+        time.sleep(0.2)
+
+
+class ServerProcess:
+    """`voxrt serve` as its own process on a free port, as an operator runs it; ready once
+    `/health/ready` says so."""
+
+    def __init__(self, *flags: str, log_path=None) -> None:
+        self.port = free_port()
+        self.url = f"ws://127.0.0.1:{self.port}/v1/realtime"
+        self.log = open(log_path, "w") if log_path else None  # noqa: SIM115 - the process holds it
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "realtime.cli",
+                "serve",
+                f"--port={self.port}",
+                "--log-level=warning",
+                *flags,
+            ],
+            cwd=Path(__file__).resolve().parent.parent,
+            stderr=self.log,
+        )
+        wait_until(self._ready, 180)
+
+    def _ready(self) -> bool:
+        assert self.process.poll() is None, "voxrt serve exited while starting"
+        return self.get("/health/ready")[0] == 200
+
+    def get(self, path: str) -> tuple[int, str]:
+        return http_get(f"http://127.0.0.1:{self.port}{path}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+        code = self.process.wait(timeout=60)
+        if self.log is not None:
+            self.log.close()
+        return code

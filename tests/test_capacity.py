@@ -4,9 +4,6 @@
 import asyncio
 import contextlib
 import json
-import subprocess
-import sys
-import time
 import urllib.request
 
 import numpy as np
@@ -14,41 +11,18 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from clients.connection import open_connection, stream_utterance
-from tests.conftest import ROOT
-from tests.test_scale_out import _free_port, _get
+from tests.server_harness import ServerProcess
 
 pytestmark = pytest.mark.slow
 
 
 @contextlib.contextmanager
 def serve(*flags: str):
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "realtime.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            *flags,
-        ],
-        cwd=ROOT,
-    )
+    server = ServerProcess(*flags)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(OSError):
-                if _get(f"http://127.0.0.1:{port}/health/live")[0] == 200:
-                    break
-            assert time.monotonic() < deadline and process.poll() is None, "the server did not start"
-            time.sleep(0.2)
-        yield port
+        yield server.port
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        server.stop()
 
 
 def _health(port: int) -> dict:

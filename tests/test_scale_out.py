@@ -8,17 +8,15 @@ import io
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
 from benchmarks.text import word_error_rate
 from clients.connection import open_connection, stream_utterance
 from tests.conftest import ROOT
+from tests.server_harness import ServerProcess, free_port, http_get, wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,40 +25,18 @@ pytestmark = [
 CHECK_INTERVAL = 1.0  # deploy/haproxy.cfg: inter 1s fall 1
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _metric(port: int, name: str) -> float:
-    _, text = _get(f"http://127.0.0.1:{port}/metrics")
+    _, text = http_get(f"http://127.0.0.1:{port}/metrics")
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 class Cluster:
     def __init__(self, tmp_path) -> None:
-        self.ports = [_free_port(), _free_port()]
-        self.listen, self.stats, self.nobody = _free_port(), _free_port(), _free_port()
         self.replicas = [
-            subprocess.Popen(
-                [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port), "--drain-seconds", "30"],
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=open(tmp_path / f"replica{i}.log", "w"),  # noqa: SIM115 - the process holds it
-            )
-            for i, port in enumerate(self.ports)
+            ServerProcess("--drain-seconds=30", log_path=tmp_path / f"replica{i}.log") for i in (1, 2)
         ]
-        for port in self.ports:
-            self._wait(lambda port=port: _get(f"http://127.0.0.1:{port}/health/ready")[0] == 200, 180)
+        self.ports = [replica.port for replica in self.replicas]
+        self.listen, self.stats, self.nobody = free_port(), free_port(), free_port()
         env = dict(
             os.environ,
             VOXRT_LISTEN=f"127.0.0.1:{self.listen}",
@@ -75,13 +51,13 @@ class Cluster:
             stdout=subprocess.DEVNULL,
             stderr=open(tmp_path / "haproxy.log", "w"),  # noqa: SIM115
         )
-        self._wait(lambda: self.status() == {"replica1": "UP", "replica2": "UP", "replica3": "DOWN"}, 30)
+        wait_until(lambda: self.status() == {"replica1": "UP", "replica2": "UP", "replica3": "DOWN"}, 30)
         self.url = f"ws://127.0.0.1:{self.listen}/v1/realtime"
 
     def status(self) -> dict[str, str]:
         """Each server's state as HAProxy's stats page says it."""
         try:
-            _, text = _get(f"http://127.0.0.1:{self.stats}/stats;csv")
+            _, text = http_get(f"http://127.0.0.1:{self.stats}/stats;csv")
         except OSError:
             return {}
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
@@ -91,24 +67,11 @@ class Cluster:
             if r["pxname"] == "replicas" and r["svname"].startswith("replica")
         }
 
-    @staticmethod
-    def _wait(ready, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                if ready():
-                    return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "not ready in time"
-            time.sleep(0.2)
-
     def stop(self) -> None:
-        for process in [self.haproxy, *self.replicas]:
-            if process.poll() is None:
-                process.terminate()
-        for process in [self.haproxy, *self.replicas]:
-            process.wait(timeout=60)
+        self.haproxy.terminate()
+        self.haproxy.wait(timeout=60)
+        for replica in self.replicas:
+            replica.stop()
 
 
 @pytest.fixture
@@ -131,7 +94,7 @@ def test_replicas_behind_haproxy_drain_without_losing_an_utterance(cluster, welc
         await asyncio.sleep(4)
         # leastconn spread them: both replicas are transcribing.
         assert [_metric(port, "voxrt_utterances_active") for port in cluster.ports] == [2, 2]
-        cluster.replicas[0].send_signal(signal.SIGTERM)
+        cluster.replicas[0].process.send_signal(signal.SIGTERM)
         terminated = time.monotonic()
         while cluster.status().get("replica1") == "UP":
             await asyncio.sleep(0.05)
@@ -150,7 +113,7 @@ def test_replicas_behind_haproxy_drain_without_losing_an_utterance(cluster, welc
     # The two on the replica that drained ended early, with the words heard before the drain.
     drained = [r for r in first if r.done["usage"]["audio_seconds"] < 11]
     assert len(drained) == 2 and all(r.text for r in drained)
-    assert cluster.replicas[0].wait(timeout=60) == 0  # drained and exited cleanly
+    assert cluster.replicas[0].process.wait(timeout=60) == 0  # drained and exited cleanly
     # The new sessions landed on the replica left, and heard everything.
     assert _metric(cluster.ports[1], "voxrt_utterances_total") == later_base + 2
     for result in later:
