@@ -29,6 +29,7 @@ from transformers import WhisperFeatureExtractor
 from benchmarks.speech import Passage, passage
 from benchmarks.text import normalize_words, word_error_rate
 from clients.connection import open_connection, stream_utterance
+from realtime.capacity import CapacityConfig
 from realtime.config import EngineConfig
 from realtime.engine import Engine
 from realtime.logs import configure_logging
@@ -114,7 +115,10 @@ def summarize(runs: list[dict], busy: float, wall: float) -> dict:
 
 async def run_voxrt(model: WhisperModel, policy: WhisperPolicy, passages: list[Passage]) -> dict:
     n = len(passages)
-    engine = Engine(WhisperRunner(model, policy), EngineConfig(max_sessions=n))
+    # N sessions however many measured capacity would admit, none shed: this measures the
+    # policy under load (`benchmarks/capacity.py` measures admission).
+    unlimited = CapacityConfig(target_busy=100, max_lag_seconds=3600)
+    engine = Engine(WhisperRunner(model, policy), EngineConfig(max_sessions=n, capacity=unlimited))
     busy = [0.0]
     engine.on_step = lambda seconds, _: busy.__setitem__(0, busy[0] + seconds)
     server = RealtimeServer(engine, ServerConfig(port=0, max_sessions=n), {"whisper"}, "whisper-tiny.en")
