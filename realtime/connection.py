@@ -93,6 +93,9 @@ class Connection:
                         seconds = f"{self.limits.idle_seconds:g}"
                         await self.close(1000, "idle_timeout", f"no event for {seconds} s")
                     continue
+                # recv() returns without suspending while frames are buffered: yield once per
+                # event, or a flooding client holds the event loop for hundreds of events.
+                await asyncio.sleep(0)
                 if self.rate.allow():
                     self.wire.handle(message)
                     await self._backpressure()

@@ -37,6 +37,9 @@ PAGE = Path(__file__).parent / "static" / "index.html"  # a page to try voxrt in
 # client uploading faster than the engine consumes waits in its own send call, and a
 # keepalive pong does not queue behind minutes of audio (Linux lets it grow to 32 MiB).
 RECEIVE_BUFFER_BYTES = 256 << 10
+# What the loop reads at once: websockets parses a whole read in one callback, and asyncio's
+# 256 KiB of a flooding client's tiny frames held the loop ~50 ms. 16 KiB: four audio events.
+READ_BYTES = 16 << 10
 # Browsers cannot set headers on a WebSocket: OpenAI's browser clients send the key as a subprotocol.
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 ENGINE_CHECK_SECONDS = 1.0
@@ -184,6 +187,7 @@ class RealtimeServer:
 
     async def _handle(self, websocket: ServerConnection) -> None:
         connection_id = f"sess-{uuid.uuid4().hex}"
+        websocket.transport.max_size = READ_BYTES  # asyncio's recv() size
         connection = Connection(websocket, self.engine, self.metrics, self.limits, connection_id)
         openai = _wants_openai(websocket.request)
         address = self._address(websocket)

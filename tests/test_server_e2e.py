@@ -209,7 +209,9 @@ def test_client_that_vanishes_mid_stream_leaves_nothing(server, welcome):
 
 
 def test_client_that_stops_reading_is_closed(whisper_model):
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(outbox_events=8))
+    # No event-rate limit: it would close this client before its unread events pile up.
+    config = ServerConfig(outbox_events=8, max_events_per_second=1e9)
+    harness = ServerThread(WhisperRunner(whisper_model), config)
     try:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing
