@@ -5,6 +5,7 @@ no utterance is lost."""
 import asyncio
 import csv
 import io
+import json
 import os
 import shutil
 import signal
@@ -12,6 +13,8 @@ import subprocess
 import time
 
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from benchmarks.text import word_error_rate
 from clients.connection import open_connection, stream_utterance
@@ -118,3 +121,11 @@ def test_replicas_behind_haproxy_drain_without_losing_an_utterance(cluster, welc
     assert _metric(cluster.ports[1], "voxrt_utterances_total") == later_base + 2
     for result in later:
         assert word_error_rate(text, result.text) < 0.2, result.text
+    # With no replica left, HAProxy refuses the way a full replica does: retry later.
+    cluster.replicas[1].process.send_signal(signal.SIGTERM)
+    wait_until(lambda: cluster.status().get("replica2") == "DOWN", 10)
+    with pytest.raises(InvalidStatus) as refused:
+        connect(cluster.url, open_timeout=10)
+    response = refused.value.response
+    assert response.status_code == 503 and response.headers["Retry-After"] == "5"
+    assert json.loads(response.body)["code"] == "server_busy"
