@@ -2,7 +2,6 @@
 
 import asyncio
 import contextlib
-import gc
 import hmac
 import json
 import signal
@@ -19,6 +18,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from realtime import heap
 from realtime.admission import Admission
 from realtime.connection import Connection
 from realtime.engine import Engine
@@ -205,9 +205,7 @@ class RealtimeServer:
             self.metrics.connections_active.dec()
 
     async def start(self) -> None:
-        # What is loaded by now (the model, the caches) lives as long as the process: full
-        # collections need not walk it, and their pauses stall every connection's events.
-        gc.freeze()
+        heap.settle()
         self.engine.start()
         self.server = await serve(
             self._handle,

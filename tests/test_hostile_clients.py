@@ -102,9 +102,10 @@ def test_an_hour_uploaded_at_full_speed_is_transcribed_in_bounded_memory(whisper
             ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
             done = events_until(ws, "transcription.done", timeout=600)[-1]
         print(f"RSS {before:.0f} MB -> peak {peak:.0f} MB")
-        # Before reads paused, one such connection grew the server by ~290 MB; the goal is
-        # ~50 MB, and measured growth is 51-68 MB, in steps after half an hour (not yet explained).
-        assert peak - before < 100, (before, peak)
+        # Before reads paused, one such connection grew the server by ~290 MB; with reads
+        # paused, by 51-68 MB of glibc heap holes, until realtime/heap.py fixed its mmap
+        # threshold: 9 MB.
+        assert peak - before < 50, (before, peak)
         assert done["usage"]["audio_seconds"] == pytest.approx(3600, abs=1)
         # Every minute's speech is in the transcript: its first words, or its last (where a
         # turn starts or ends, tiny.en sometimes drops one half of the 4 s of speech).
