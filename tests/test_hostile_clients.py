@@ -62,6 +62,10 @@ def test_idle_connections_are_closed_and_a_real_client_gets_in(whisper_model, we
         for _ in range(25):
             idle[0].send(append_event(np.zeros(1600, np.float32)))
             time.sleep(0.1)
+        # Done with it before anything slow: once answered, it too would be idle after 1.5 s.
+        idle[0].send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        assert events_until(idle[0], "transcription.done")[-1]["text"] == ""
+        idle[0].close()
         for ws in idle[1:]:
             error = json.loads(ws.recv(timeout=5))
             assert (error["type"], error["code"]) == ("error", "idle_timeout")
@@ -69,9 +73,6 @@ def test_idle_connections_are_closed_and_a_real_client_gets_in(whisper_model, we
                 ws.recv(timeout=5)
             assert closed.value.rcvd.code == 1000 and closed.value.rcvd.reason == "idle_timeout"
         assert word_error_rate(WELCOME_WORDS, transcribe(harness, welcome_4s)) <= 0.2
-        idle[0].send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
-        assert events_until(idle[0], "transcription.done")[-1]["text"] == ""
-        idle[0].close()
         assert harness.metrics()["voxrt_closes_total{reason=idle_timeout}"] == 2
     finally:
         harness.stop()
