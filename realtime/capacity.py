@@ -19,8 +19,9 @@ class CapacityConfig:
     max_lag_seconds: float = 3.0  # a session this far behind real time: refuse new ones, shed the newest
     window_seconds: float = 10.0  # what "lately" means
     # Model seconds per session per step before any step was measured: tiny.en (int8
-    # decoder) on 2 CPU cores. A faster box or model is measured within a step.
-    session_step_prior: float = 0.25
+    # decoder) on 2 CPU cores with continuous speech (no pause lets the VAD skip a step):
+    # 0.27-0.43 s measured on slow days. A faster box or model is measured within a step.
+    session_step_prior: float = 0.3
 
 
 @dataclass
