@@ -14,7 +14,10 @@ second of new audio, runs transformers `generate` on its window padded to 30 s, 
 session after another, committing with LocalAgreement.
 
     .venv/bin/python -m benchmarks.whisper_streaming [--policies alignatt,local-agreement]
-        [--sessions 1,2,4,6,8] [--no-baseline]
+        [--sessions 1,2,4,6,8] [--no-baseline] [--model whisper-base [--language en]]
+
+Word end times come from tiny.en (float32) whichever model is measured: the same clock for both.
+With `--model whisper-base` sessions name `--language` (default: none, the model detects it).
 """
 
 import argparse
@@ -36,9 +39,9 @@ from realtime.logs import configure_logging
 from realtime.server import RealtimeServer, ServerConfig
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.model import Hypothesis, WhisperModel
-from voxtral.whisper.policy import WindowCommitter
-from voxtral.whisper.runner import WhisperPolicy, WhisperRunner
-from voxtral.whisper.weights import default_whisper_dir
+from voxtral.whisper.policy import WhisperPolicy, WindowCommitter
+from voxtral.whisper.runner import WhisperRunner
+from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir
 
 KEEP_UP_SECONDS = 3.0
 LOOKAHEAD_WORDS = 4
@@ -113,7 +116,14 @@ def summarize(runs: list[dict], busy: float, wall: float) -> dict:
     }
 
 
-async def run_voxrt(model: WhisperModel, policy: WhisperPolicy, passages: list[Passage]) -> dict:
+def english(model: WhisperModel) -> dict:
+    """`generate` arguments for English passages: a multilingual model is told the language."""
+    return {"language": "en"} if model.multilingual else {}
+
+
+async def run_voxrt(
+    model: WhisperModel, policy: WhisperPolicy, passages: list[Passage], language: str | None
+) -> dict:
     n = len(passages)
     # N sessions however many measured capacity would admit, none shed: this measures the
     # policy under load (`benchmarks/capacity.py` measures admission).
@@ -127,7 +137,7 @@ async def run_voxrt(model: WhisperModel, policy: WhisperPolicy, passages: list[P
 
     async def one(p: Passage) -> dict:
         async with await open_connection(url) as connection:
-            result = await stream_utterance(connection, p.audio, chunk_ms=100, speed=1.0, interim=True)
+            result = await stream_utterance(connection, p.audio, 100, 1.0, interim=True, language=language)
         committed, shown = snapshots(result.deltas, result.interims)
         return {
             "passage": p,
@@ -177,7 +187,7 @@ def run_baseline(model: WhisperModel, passages: list[Passage]) -> dict:
             features = extractor(window, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
             started = time.monotonic()  # busy is model time on both sides
             with torch.inference_mode():
-                tokens = model.model.generate(features, return_timestamps=True)[0].tolist()
+                tokens = model.model.generate(features, return_timestamps=True, **english(model))[0].tolist()
             segments = model.segments([t for t in tokens if t >= model.timestamp_begin or t < model.eot])
             hyp = Hypothesis(tokens, segments, 0.0, 0.0) if segments else None
             force = seconds > policy.max_window_seconds
@@ -228,7 +238,10 @@ def offline_wer(model: WhisperModel, passages: list[Passage]) -> list[float]:
         )
         with torch.inference_mode():
             ids = model.model.generate(
-                features.input_features, attention_mask=features.attention_mask, return_timestamps=True
+                features.input_features,
+                attention_mask=features.attention_mask,
+                return_timestamps=True,
+                **english(model),
             )
         text = model.tokenizer.decode([t for t in ids[0].tolist() if t < model.eot])
         errors.append(word_error_rate(p.text, text))
@@ -240,17 +253,25 @@ def main() -> None:
     parser.add_argument("--policies", default="alignatt,local-agreement")
     parser.add_argument("--sessions", default="1,2,4,6,8")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--model", default=TINY_EN, help="an embedded model: whisper-tiny.en or whisper-base")
+    parser.add_argument("--language", default=None, help="what whisper-base sessions name (default: none)")
     args = parser.parse_args()
     configure_logging("warning")  # stdout carries the one JSON line
     torch.set_num_threads(2)
     # As `voxrt serve` loads it on a CPU, and the float32 model it is quantized from.
-    model = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32, int8_decoder=True)
-    float32 = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32)
+    cpu = torch.device("cpu")
+    model = WhisperModel(embedded_whisper_dir(args.model), cpu, torch.float32, int8_decoder=True)
+    float32 = WhisperModel(embedded_whisper_dir(args.model), cpu, torch.float32)
+    timing = (
+        float32 if args.model == TINY_EN else WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
+    )
     counts = [int(n) for n in args.sessions.split(",")]
-    passages = [passage(float32, i) for i in range(max(counts))]
+    passages = [passage(timing, i) for i in range(max(counts))]
     offline = offline_wer(model, passages)
     offline_float32 = offline_wer(float32, passages)
     out: dict = {
+        "model": args.model,
+        "language": args.language,
         "passage_seconds": [round(len(p.audio) / SAMPLE_RATE, 1) for p in passages],
         "voices": [p.voice for p in passages],
         "offline_wer": {str(n): round(float(np.mean(offline[:n])), 4) for n in counts},
@@ -258,7 +279,9 @@ def main() -> None:
     }
     for name in args.policies.split(","):
         policy = WhisperPolicy(commit_policy=name)
-        out[name] = {str(n): asyncio.run(run_voxrt(model, policy, passages[:n])) for n in counts}
+        out[name] = {
+            str(n): asyncio.run(run_voxrt(model, policy, passages[:n], args.language)) for n in counts
+        }
     if not args.no_baseline:
         out["baseline"] = {}
         for n in counts:

@@ -109,6 +109,15 @@ async def commit(connection: ClientConnection, final: bool = False) -> None:
     await connection.send(json.dumps(event))
 
 
+async def update_session(connection: ClientConnection, interim: bool, language: str | None) -> None:
+    """voxrt's session.update extensions, sent only when asked for (a plain vLLM session has neither)."""
+    settings = {"interim": True} if interim else {}
+    if language:
+        settings["language"] = language
+    if settings:
+        await connection.send(json.dumps({"type": "session.update", **settings}))
+
+
 async def stream_utterance(
     connection: ClientConnection,
     samples: np.ndarray,
@@ -116,18 +125,19 @@ async def stream_utterance(
     speed: float = 1.0,
     on_event: Callable[[dict], None] | None = None,
     interim: bool = False,
+    language: str | None = None,
 ) -> Utterance:
     """Stream `samples` paced at `speed` x real time (0: as fast as possible), then wait for done.
 
     Paced like a microphone: a chunk is sent once it has been captured, so time 0 (the
-    start of every timestamp in the result) is when the first sample was heard.
+    start of every timestamp in the result) is when the first sample was heard. `interim`
+    and `language` (for a multilingual model; None: it detects) are asked for first.
     """
     result = Utterance()
     started = time.monotonic()
 
     async def send_all() -> None:
-        if interim:
-            await connection.send(json.dumps({"type": "session.update", "interim": True}))
+        await update_session(connection, interim, language)
         await commit(connection)
         chunk = int(SAMPLE_RATE * chunk_ms / 1000)
         for offset in range(0, len(samples), chunk):

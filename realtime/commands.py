@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from realtime.events import EngineEvent
+from voxtral.runner import Transcription
 from voxtral.vad import VadConfig
 
 
@@ -14,6 +15,7 @@ class AddUtterance:
     utterance_id: str
     on_event: Callable[[EngineEvent], None]
     vad: VadConfig
+    transcription: Transcription
 
 
 @dataclass

@@ -19,6 +19,7 @@ from realtime.events import Delta, Done, EngineEvent, Failed
 from realtime.limits import ConnectionLimits, EventRate
 from realtime.metrics import Metrics
 from voxtral.audio import SAMPLE_RATE
+from voxtral.runner import Transcription
 from voxtral.vad import VadConfig
 
 
@@ -188,7 +189,9 @@ class Connection:
         self.metrics.errors.labels(code=code).inc()
         self.log.info("connection.client_error", code=code, error=message)
 
-    def start_utterance(self, vad: VadConfig | None = None) -> str:
+    def start_utterance(
+        self, vad: VadConfig | None = None, transcription: Transcription = Transcription()
+    ) -> str:
         self.num_utterances += 1
         utterance = f"{self.connection_id}-{self.num_utterances}"
         self.utterances.add(utterance)
@@ -196,7 +199,10 @@ class Connection:
         self.metrics.utterances_total.inc()
         self.metrics.utterances_active.inc()
         self.engine.add_utterance(
-            utterance, lambda e: self.loop.call_soon_threadsafe(self._on_engine_event, utterance, e), vad
+            utterance,
+            lambda e: self.loop.call_soon_threadsafe(self._on_engine_event, utterance, e),
+            vad,
+            transcription,
         )
         return utterance
 

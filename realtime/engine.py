@@ -23,7 +23,7 @@ from realtime.events import Done, EngineEvent, Failed
 from realtime.ingest import Ingest
 from realtime.utterance import Utterances
 from scheduler import Scheduler, SchedulerOutput
-from voxtral.runner import ModelRunner, StepResult
+from voxtral.runner import ModelRunner, StepResult, Transcription
 from voxtral.vad import Vad, VadConfig
 
 log = structlog.get_logger(__name__)
@@ -62,10 +62,14 @@ class Engine:
         return self._thread.is_alive()
 
     def add_utterance(
-        self, utterance_id: str, on_event: Callable[[EngineEvent], None], vad: VadConfig | None = None
+        self,
+        utterance_id: str,
+        on_event: Callable[[EngineEvent], None],
+        vad: VadConfig | None = None,
+        transcription: Transcription = Transcription(),
     ) -> None:
-        """`vad`: this utterance's turn detection settings (default: the engine's)."""
-        self._commands.put(AddUtterance(utterance_id, on_event, vad or self.config.vad))
+        """Its turn detection (default: the engine's), language and task (default: the model's choice)."""
+        self._commands.put(AddUtterance(utterance_id, on_event, vad or self.config.vad, transcription))
 
     def add_audio(self, utterance_id: str, samples: np.ndarray) -> None:
         self._commands.put(AppendAudio(utterance_id, samples, time.monotonic()))
@@ -125,7 +129,7 @@ class Engine:
 
     def _apply(self, command: Command) -> None:
         if isinstance(command, AddUtterance):
-            self.utterances.add(command.utterance_id, command.on_event, command.vad)
+            self.utterances.add(command)
         elif (utterance := self.utterances.get(command.utterance_id)) is None:
             return
         elif isinstance(command, Abort):

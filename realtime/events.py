@@ -15,6 +15,11 @@ class Interim:
 
 
 @dataclass
+class LanguageDetected:
+    language: str  # what a multilingual model heard, when the session named none; before its text
+
+
+@dataclass
 class SpeechStarted:
     audio_ms: int  # into the utterance's audio
 
@@ -37,4 +42,4 @@ class Failed:
     message: str
 
 
-EngineEvent = Delta | Interim | SpeechStarted | SpeechStopped | Done | Failed
+EngineEvent = Delta | Interim | LanguageDetected | SpeechStarted | SpeechStopped | Done | Failed

@@ -7,14 +7,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
+from realtime.commands import AddUtterance
 from realtime.config import EngineConfig
-from realtime.events import Delta, Done, EngineEvent, Failed, Interim, SpeechStarted, SpeechStopped
+from realtime.events import (
+    Delta,
+    Done,
+    EngineEvent,
+    Failed,
+    Interim,
+    LanguageDetected,
+    SpeechStarted,
+    SpeechStopped,
+)
 from realtime.ingest import Ingest, IngestBuffer
 from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
 from voxtral.runner import ModelRunner, UtteranceOutput
-from voxtral.vad import Vad, VadConfig, VadStream
+from voxtral.vad import Vad, VadStream
 
 log = structlog.get_logger(__name__)
 
@@ -62,18 +72,22 @@ class Utterances(dict[str, Utterance]):
         lead, per_position = self.runner.leading_silence_samples, self.runner.samples_per_position
         return {u.id: max(0, u.request.num_computed * per_position - lead) for u in self.values()}
 
-    def add(self, utterance_id: str, on_event: Callable[[EngineEvent], None], vad: VadConfig) -> None:
-        if utterance_id in self:
-            emit(on_event, Failed("invalid_event", f"utterance {utterance_id!r} already exists"))
+    def add(self, command: AddUtterance) -> None:
+        if command.utterance_id in self:
+            emit(
+                command.on_event,
+                Failed("invalid_event", f"utterance {command.utterance_id!r} already exists"),
+            )
             return
-        request = Request(utterance_id)
+        request = Request(command.utterance_id)
         try:
-            state = self.runner.new_state(request)
+            state = self.runner.new_state(request, command.transcription)
         except NoFreeSlot as exc:
-            emit(on_event, Failed("too_many_sessions", str(exc)))
+            emit(command.on_event, Failed("too_many_sessions", str(exc)))
             return
         self.scheduler.add_request(request)
-        self[utterance_id] = utterance = Utterance(request, state, on_event, vad=VadStream(vad))
+        utterance = Utterance(request, state, command.on_event, vad=VadStream(command.vad))
+        self[command.utterance_id] = utterance
         self._ingest(utterance, np.zeros(self.runner.leading_silence_samples, np.float32), time.monotonic())
 
     def append(self, utterance: Utterance, samples: np.ndarray, arrived_at: float) -> None:
@@ -123,6 +137,8 @@ class Utterances(dict[str, Utterance]):
             start = utterance.request.resolve(output.token_ids)
             resolved = utterance.request.output_token_ids[start : start + len(output.token_ids)]
             text += self.runner.detokenize(utterance.state, resolved, output.finished)
+        if output.language:
+            utterance.emit(LanguageDetected(output.language))
         if text:
             utterance.text_parts.append(text)
             utterance.emit(Delta(text, time.monotonic() - output.audio_arrived_at))

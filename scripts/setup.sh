@@ -22,4 +22,4 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # Playwright drives the system chromium: it must never fetch browsers of its own.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test,clients]'
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,clients,multilingual]'

@@ -42,6 +42,14 @@ def whisper_model(whisper_dir):
 
 
 @pytest.fixture(scope="session")
+def base_runner():
+    """Multilingual Whisper base, as `voxrt serve --model whisper-base` loads it."""
+    from voxtral.loading import load_model
+
+    return load_model("whisper-base", "cpu").runner
+
+
+@pytest.fixture(scope="session")
 def welcome():
     return load_audio_file(SAMPLES / "welcome.wav"), (SAMPLES / "welcome.txt").read_text().strip()
 

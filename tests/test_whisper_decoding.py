@@ -4,6 +4,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from benchmarks.text import word_error_rate
 from voxtral.audio import normalize_log_mel, raw_log_mel
+from voxtral.whisper.words import TokenWords
 
 NOTHING = np.zeros(0, np.float32)
 
@@ -47,6 +48,8 @@ def test_batched_decoding_with_forced_prefixes_is_batch_invariant(whisper_model,
 
 
 def test_window_prefix_cuts_at_words_and_shifts_timestamps(whisper_model):
+    words_of = TokenWords(whisper_model.tokenizer, whisper_model.timestamp_begin, spaced=True)
+
     def ts(seconds: float) -> int:
         return whisper_model.timestamp_begin + round(seconds / 0.02)
 
@@ -54,12 +57,12 @@ def test_window_prefix_cuts_at_words_and_shifts_timestamps(whisper_model):
     tokens = [ts(0.0), *good, ts(2.0), ts(2.0), *today, ts(4.0)]
     words = [w for s in whisper_model.segments(tokens) for w in s.text.split()]
     assert words == ["Good", "morning.", "Today", "we"]
-    assert whisper_model.window_prefix(tokens, 0, 0, 0.0) == []
-    assert whisper_model.window_prefix(tokens, 0, 2, 0.0) == [ts(0.0), *good, ts(2.0), ts(2.0)]
+    assert words_of.window_prefix(tokens, 0, 0, 0.0) == []
+    assert words_of.window_prefix(tokens, 0, 2, 0.0) == [ts(0.0), *good, ts(2.0), ts(2.0)]
     # The window moved past the first segment: the rest starts at its own timestamp, moved back.
     first_word_of_today = today[: len(text_ids(whisper_model, " Today"))]
-    assert whisper_model.window_prefix(tokens, 2, 1, 2.0) == [ts(0.0), *first_word_of_today]
-    assert whisper_model.window_prefix(tokens, 2, 2, 2.0) == [ts(0.0), *today, ts(2.0)]
+    assert words_of.window_prefix(tokens, 2, 1, 2.0) == [ts(0.0), *first_word_of_today]
+    assert words_of.window_prefix(tokens, 2, 2, 2.0) == [ts(0.0), *today, ts(2.0)]
 
 
 def test_int8_decoder_transcribes_as_the_float32_one(whisper_dir, whisper_model, welcome):

@@ -8,6 +8,7 @@ from benchmarks.text import word_error_rate
 from realtime.engine import Engine
 from realtime.events import Delta, Done
 from tests.conftest import espeak
+from voxtral.runner import Transcription
 from voxtral.whisper.runner import WhisperRunner
 
 # Each voice reads its own passage, so a session that read another's window would fail.
@@ -42,12 +43,19 @@ def speak_with_pauses(tmp_path, passage: str, voice: str, rate: int, gap: int) -
     return np.concatenate(pieces)
 
 
-def stream_through_engine(engine: Engine, audios: dict[str, np.ndarray], seed: int = 0) -> dict[str, list]:
+def stream_through_engine(
+    engine: Engine,
+    audios: dict[str, np.ndarray],
+    seed: int = 0,
+    transcriptions: dict[str, Transcription] | None = None,
+) -> dict[str, list]:
     """Feed every stream in random 100-500 ms pieces, interleaved, stepping the engine as audio arrives."""
     rng = np.random.default_rng(seed)
     events: dict[str, list] = {name: [] for name in audios}
     for name in audios:
-        engine.add_utterance(name, events[name].append)
+        engine.add_utterance(
+            name, events[name].append, transcription=(transcriptions or {}).get(name, Transcription())
+        )
     offsets = dict.fromkeys(audios, 0)
     while any(offsets[n] < len(a) for n, a in audios.items()):
         for name, samples in audios.items():
@@ -64,7 +72,7 @@ def stream_through_engine(engine: Engine, audios: dict[str, np.ndarray], seed: i
     return events
 
 
-def offline_text(whisper_dir, runner: WhisperRunner, samples: np.ndarray) -> str:
+def offline_text(whisper_dir, runner: WhisperRunner, samples: np.ndarray, **generate: object) -> str:
     extractor = WhisperFeatureExtractor(feature_size=80)
     features = extractor(
         samples,
@@ -75,7 +83,7 @@ def offline_text(whisper_dir, runner: WhisperRunner, samples: np.ndarray) -> str
         return_attention_mask=True,
     )
     tokens = runner.model.model.generate(
-        features.input_features, attention_mask=features.attention_mask, return_timestamps=True
+        features.input_features, attention_mask=features.attention_mask, return_timestamps=True, **generate
     )
     return WhisperTokenizerFast(tokenizer_file=str(whisper_dir / "tokenizer.json")).decode(
         tokens[0], skip_special_tokens=True

@@ -14,9 +14,9 @@ from voxtral.voxtral_realtime.checkpoint import local_checkpoint
 from voxtral.voxtral_realtime.runner import VoxtralRunner
 from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.runner import WhisperRunner
-from voxtral.whisper.weights import default_whisper_dir
+from voxtral.whisper.weights import BASE, TINY_EN, embedded_whisper_dir
 
-DEFAULT_MODEL = "whisper-tiny.en"
+DEFAULT_MODEL = TINY_EN
 
 
 @dataclass
@@ -24,6 +24,7 @@ class LoadedModel:
     runner: ModelRunner
     label: str  # what logs and /health call it
     names: set[str]  # what `session.update` may name it
+    max_sessions: int  # what was asked for, or fewer when their KV rings would not fit
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -74,16 +75,17 @@ def load_model(
 def _load_model(model: str | None, device: str | None, dtype: str | None, max_sessions: int) -> LoadedModel:
     hf_logging.disable_progress_bar()  # a progress bar is noise in JSON logs
     chosen = pick_device(device)
-    if model in (None, DEFAULT_MODEL):
-        runner = WhisperRunner(_whisper_model(default_whisper_dir(), chosen, dtype))
-        return LoadedModel(runner, DEFAULT_MODEL, {DEFAULT_MODEL, "whisper"})
+    if model in (None, TINY_EN, BASE):
+        name = model or DEFAULT_MODEL
+        runner = WhisperRunner(_whisper_model(embedded_whisper_dir(name), chosen, dtype))
+        return LoadedModel(runner, name, {name, "whisper"}, max_sessions)
     path = local_checkpoint(model)
     kind = _model_type(path)
     names = {str(path), path.name, model}
     if kind == "whisper":
         runner = WhisperRunner(_whisper_model(path, chosen, dtype))
-        return LoadedModel(runner, model, names | {"whisper"})
+        return LoadedModel(runner, model, names | {"whisper"}, max_sessions)
     if kind == "voxtral_realtime":
         runner = VoxtralRunner(path, chosen, pick_dtype(dtype, chosen), num_slots=max_sessions)
-        return LoadedModel(runner, model, names | {"voxtral"})
+        return LoadedModel(runner, model, names | {"voxtral"}, runner.model.num_slots)
     raise WeightsError(f"{path / 'config.json'}: model_type {kind!r} is not served by voxrt")

@@ -12,6 +12,14 @@ import torch
 from scheduler import Request, SchedulerConfig, SchedulerOutput
 
 
+@dataclass(frozen=True)
+class Transcription:
+    """What a session asks of the model for an utterance."""
+
+    language: str | None = None  # an ISO 639-1 code; None: the model finds it
+    task: str = "transcribe"  # or "translate": English text of any speech (multilingual models)
+
+
 @dataclass
 class UtteranceOutput:
     """What one step produced for one utterance."""
@@ -21,6 +29,7 @@ class UtteranceOutput:
     interim: str | None = None  # a windowed policy's uncommitted tail, when it has a new one
     num_tokens: int = 0  # tokens decoded for it (usage)
     finished: bool = False  # its last output: the utterance is done
+    language: str | None = None  # the language the model detected, on the step it did
     audio_arrived_at: float = 0.0  # when the audio this output came from reached the server
 
 
@@ -48,6 +57,9 @@ class ModelRunner(Protocol):
     step_period_seconds: float
     max_steps_in_flight: int  # 1: a step completes before the next one is scheduled
     num_slots_in_use: int  # utterances holding per-utterance device state (KV)
+    # Languages a session may ask for; None: the model hears it itself and ignores a request.
+    languages: frozenset[str] | None
+    translates: bool  # the "translate" task is served
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig: ...
 
@@ -57,7 +69,7 @@ class ModelRunner(Protocol):
 
     def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor: ...
 
-    def new_state(self, request: Request) -> object:
+    def new_state(self, request: Request, transcription: Transcription) -> object:
         """The family's state for a new utterance; raises `NoFreeSlot` at once when full."""
         ...
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from voxtral.audio import pcm16_to_float32
+from voxtral.runner import ModelRunner, Transcription
 
 
 class ProtocolError(Exception):
@@ -43,3 +44,21 @@ def load_event(message: str | bytes) -> dict:
     if not isinstance(event.get("type"), str):
         raise ProtocolError("invalid_event", "an event needs a string field 'type'")
     return event
+
+
+def transcription(runner: ModelRunner, language: str | None, task: str | None) -> Transcription:
+    """The language and task a session asked for, or the error naming what the served model supports."""
+    if task not in (None, "transcribe", "translate"):
+        raise ProtocolError("invalid_value", f"task {task[:50]!r}: choose 'transcribe' or 'translate'")
+    if task == "translate" and not runner.translates:
+        raise ProtocolError(
+            "unsupported_task", "the served model transcribes only; serve whisper-base to translate"
+        )
+    if language is None or runner.languages is None:
+        return Transcription(None, task or "transcribe")
+    if language.lower() not in runner.languages:
+        supported = ", ".join(sorted(runner.languages))
+        raise ProtocolError(
+            "unsupported_language", f"language {language[:50]!r} is not served; supported: {supported}"
+        )
+    return Transcription(language.lower(), task or "transcribe")

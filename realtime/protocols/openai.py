@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import soxr
 
-from realtime.events import Delta, Done, EngineEvent, Failed, SpeechStarted, SpeechStopped
-from realtime.protocols.common import ProtocolError, decode_audio
+from realtime.events import Delta, Done, EngineEvent, Failed, LanguageDetected, SpeechStarted, SpeechStopped
+from realtime.protocols.common import ProtocolError, decode_audio, transcription
 from realtime.protocols.openai_wire import (
     Append,
     Clear,
@@ -49,6 +49,7 @@ class OpenAISession:
         self.items: dict[str, str] = {}  # utterance -> its item's id, until done or failed
         self.item_start_ms: dict[str, int] = {}
         self.previous_item: str | None = None
+        self.languages: dict[str, str] = {}  # utterance -> the language the model detected
 
     def _resampler(self) -> soxr.ResampleStream | None:
         return None if self.rate == SAMPLE_RATE else soxr.ResampleStream(self.rate, SAMPLE_RATE, 1, "float32")
@@ -99,6 +100,8 @@ class OpenAISession:
                 )
             self.rate = update.rate
             self.resampler = self._resampler()
+        if update.language is not None:  # checked before any setting changes
+            transcription(self.connection.engine.runner, update.language, None)
         for name in ("model", "language", "prompt"):
             if (value := getattr(update, name)) is not None:
                 setattr(self.settings, name, value)
@@ -113,7 +116,8 @@ class OpenAISession:
             vad = self.vad and VadConfig(
                 threshold=self.vad.threshold, silence_ms=self.vad.silence_duration_ms
             )
-            self.utterance = self.connection.start_utterance(vad or None)
+            asked = transcription(self.connection.engine.runner, self.settings.language, None)
+            self.utterance = self.connection.start_utterance(vad or None, asked)
             self.items[self.utterance] = new_id("item")
             self.item_start_ms[self.utterance] = self.session_samples * 1000 // SAMPLE_RATE
         self.connection.add_audio(self.utterance, samples)
@@ -160,12 +164,17 @@ class OpenAISession:
                     dump("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=at)
                 )
                 self._end_item()
+        elif isinstance(event, LanguageDetected):
+            self.languages[utterance] = event.language
         elif isinstance(event, Delta):
             self._transcription("delta", item_id, delta=event.text)
         elif isinstance(event, Done):
+            language = self.languages.get(utterance)
             self._forget(utterance)
             usage = {"type": "duration", "seconds": round(event.audio_seconds, 3)}
-            self._transcription("completed", item_id, transcript=event.text, usage=usage)
+            # `language` (voxrt's extension): what a multilingual model detected, when not set.
+            detected = {"language": language} if language else {}
+            self._transcription("completed", item_id, transcript=event.text, usage=usage, **detected)
             self.connection.send(dump("conversation.item.done", item=item(item_id, event.text)))
         elif isinstance(event, Failed):
             self._forget(utterance)
@@ -177,5 +186,6 @@ class OpenAISession:
 
     def _forget(self, utterance: str) -> None:
         del self.items[utterance], self.item_start_ms[utterance]
+        self.languages.pop(utterance, None)
         if utterance == self.utterance:  # failed while receiving audio
             self.utterance, self.buffered_samples = None, 0

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from realtime.events import Delta, Done, EngineEvent, Failed, Interim
-from realtime.protocols.common import ProtocolError, decode_audio, load_event
+from realtime.events import Delta, Done, EngineEvent, Failed, Interim, LanguageDetected
+from realtime.protocols.common import ProtocolError, decode_audio, load_event, transcription
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.openai_wire import is_openai_event
+from voxtral.runner import Transcription
 
 if TYPE_CHECKING:
     from realtime.connection import Connection
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 class SessionUpdate:
     model: str | None
     interim: bool | None  # voxrt's extension: also send `transcription.interim`
+    language: str | None  # voxrt's extension, for multilingual models; None: detected
+    task: str | None  # voxrt's extension: "transcribe" or "translate"
 
 
 @dataclass
@@ -55,7 +58,10 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
         return Commit(bool(_field(event, "final", bool, required=False)))
     if kind == "session.update":
         return SessionUpdate(
-            _field(event, "model", str, required=False), _field(event, "interim", bool, False)
+            _field(event, "model", str, required=False),
+            _field(event, "interim", bool, False),
+            _field(event, "language", str, False),
+            _field(event, "task", str, False),
         )
     raise ProtocolError("unknown_event", f"Unknown event type: {kind[:200]}")
 
@@ -71,6 +77,11 @@ def transcription_delta(text: str) -> str:
 def transcription_interim(text: str) -> str:
     """The unstable tail after the committed text (replaces the previous one; "" clears it)."""
     return _dump({"type": "transcription.interim", "text": text})
+
+
+def transcription_language(language: str) -> str:
+    """The language a multilingual model detected, before the text it hears in it."""
+    return _dump({"type": "transcription.language", "language": language})
 
 
 def transcription_done(text: str, audio_seconds: float, num_tokens: int) -> str:
@@ -95,6 +106,7 @@ class VllmSession:
         self.connection = connection
         self.utterance: str | None = None  # the running utterance
         self.interim = False  # the client asked for `transcription.interim`
+        self.transcription = Transcription()  # language and task of the utterances to come
 
     def opened(self) -> None:
         self.connection.send(
@@ -140,10 +152,14 @@ class VllmSession:
             self.connection.log.warning("session.model_substituted", requested=event.model[:200])
         if event.interim is not None:
             self.interim = event.interim
+        if event.language is not None or event.task is not None:
+            runner = self.connection.engine.runner
+            language = event.language if event.language is not None else self.transcription.language
+            self.transcription = transcription(runner, language, event.task or self.transcription.task)
 
     def _running(self) -> str:
         if self.utterance is None:
-            self.utterance = self.connection.start_utterance()
+            self.utterance = self.connection.start_utterance(transcription=self.transcription)
         return self.utterance
 
     def on_event(self, utterance: str, event: EngineEvent) -> None:
@@ -152,6 +168,8 @@ class VllmSession:
                 self.connection.send(transcription_interim(event.text))
         elif isinstance(event, Delta):
             self.connection.send(transcription_delta(event.text))
+        elif isinstance(event, LanguageDetected):
+            self.connection.send(transcription_language(event.language))
         elif isinstance(event, Done | Failed):
             if isinstance(event, Done):
                 self.connection.send(transcription_done(event.text, event.audio_seconds, event.num_tokens))

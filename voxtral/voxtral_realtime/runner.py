@@ -20,7 +20,7 @@ from torch.nn.utils.rnn import pad_sequence
 from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
-from voxtral.runner import StepResult, UtteranceOutput
+from voxtral.runner import StepResult, Transcription, UtteranceOutput
 from voxtral.voxtral_realtime.detokenizer import Detokenizer
 from voxtral.voxtral_realtime.model import VoxtralModel
 from voxtral.voxtral_realtime.sliding_kv import Rows
@@ -58,6 +58,8 @@ class VoxtralRunner:
     name = "voxtral_realtime"
     history_dependent_items = True  # the encoder is causal and stateful
     max_steps_in_flight = 2
+    languages = None  # Voxtral Realtime transcribes what it hears; it takes no language prompt
+    translates = False
 
     def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, num_slots: int) -> None:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrt-device")
@@ -101,7 +103,7 @@ class VoxtralRunner:
     def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
         return self.model.features(samples, left, right)
 
-    def new_state(self, request: Request) -> VoxtralStream:
+    def new_state(self, request: Request, transcription: Transcription) -> VoxtralStream:
         request.num_prompt = self.model.num_prompt
         if not self._free_slots:
             raise NoFreeSlot(f"all {self.model.num_slots} KV slots are taken (--max-sessions)")

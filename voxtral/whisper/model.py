@@ -1,5 +1,6 @@
 """Whisper on any window length, with batched greedy decoding under Whisper's timestamp rules."""
 
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ from voxtral.errors import WeightsError
 from voxtral.whisper.alignment import AlignmentHeads
 
 SECONDS_PER_TIMESTAMP = 0.02
+MULTILINGUAL_VOCAB_SIZE = 51865
+TASKS = ("transcribe", "translate")
 
 
 @dataclass
@@ -41,7 +44,7 @@ class Hypothesis:
 
 
 class WhisperModel:
-    """A transformers Whisper model plus its tokenizer and special ids (English-only models)."""
+    """A transformers Whisper model plus its tokenizer and special ids, English-only or multilingual."""
 
     def __init__(
         self, path: Path, device: torch.device, dtype: torch.dtype, int8_decoder: bool = False
@@ -78,9 +81,40 @@ class WhisperModel:
         self.suppress[self.no_timestamps] = True
         self.begin_suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
         self.begin_suppress[list(config.begin_suppress_tokens or [])] = True
+        # OpenAI's rule: the multilingual vocabulary is the larger one.
+        self.multilingual = config.vocab_size >= MULTILINGUAL_VOCAB_SIZE
+        self.language_ids = self._language_ids() if self.multilingual else {}
+        self.task_ids = {task: self.tokenizer.token_to_id(f"<|{task}|>") for task in TASKS}
         if not generation.alignment_heads:
             raise WeightsError(f"{path / 'generation_config.json'} lists no alignment_heads")
         self.alignment = AlignmentHeads(self.model.model.decoder, generation.alignment_heads)
+
+    def _language_ids(self) -> dict[str, int]:
+        """Language tokens follow <|startoftranscript|>: <|en|>, <|zh|>, ... up to <|translate|>."""
+        out, token = {}, self.sot + 1
+        while (piece := self.tokenizer.id_to_token(token)) and re.fullmatch(r"<\|[a-z]{2,3}\|>", piece):
+            out[piece[2:-2]] = token
+            token += 1
+        if not out:
+            raise WeightsError("a multilingual Whisper tokenizer without language tokens")
+        return out
+
+    def prompt(self, language: str | None, task: str = "transcribe") -> list[int]:
+        """The tokens a decode starts with: multilingual models are told the language and the task."""
+        if not self.multilingual:
+            return [self.sot]
+        return [self.sot, self.language_ids[language or "en"], self.task_ids[task]]
+
+    @torch.inference_mode()
+    def detect_language(self, encoder_states: torch.Tensor) -> list[tuple[str, float]]:
+        """Per row, the likeliest language token after <|startoftranscript|> and its probability."""
+        start = torch.full((encoder_states.shape[0], 1), self.sot, device=self.device)
+        hidden = self.model.model.decoder(input_ids=start, encoder_hidden_states=encoder_states)
+        logits = self.model.proj_out(hidden.last_hidden_state[:, -1]).float()
+        codes = list(self.language_ids)
+        probs = torch.softmax(logits[:, list(self.language_ids.values())], dim=-1)
+        best = probs.argmax(dim=-1).tolist()
+        return [(codes[i], probs[row, i].item()) for row, i in enumerate(best)]
 
     def _quantize_decoder(self) -> None:
         if self.model.device.type != "cpu" or self.model.dtype != torch.float32:
@@ -139,16 +173,19 @@ class WhisperModel:
         encoder_states: torch.Tensor,
         max_new_tokens: list[int],
         forced: list[list[int]] | None = None,
+        prompts: list[list[int]] | None = None,
     ) -> list[Hypothesis]:
         """Greedy decoding with timestamps for a batch of windows, one KV cache for all rows.
 
         `forced` tokens are a row's known start (text it already committed for this
-        window): they are read in one pass and decoding continues after them. Rows differ
-        in length: they are left-padded, masked, and given their own positions.
+        window): they are read in one pass and decoding continues after them, after each
+        row's `prompt` (default: English). Rows differ in length: they are left-padded,
+        masked, and given their own positions.
         """
         batch = len(max_new_tokens)
         forced = forced or [[] for _ in range(batch)]
-        initial = [[self.sot, *f] for f in forced]
+        prompts = prompts or [self.prompt(None)] * batch
+        initial = [[*prompt, *f] for prompt, f in zip(prompts, forced, strict=True)]
         width = max(len(ids) for ids in initial)
         input_ids = torch.full((batch, width), self.eot, dtype=torch.long)
         mask = torch.zeros((batch, width), dtype=torch.long)
@@ -215,62 +252,6 @@ class WhisperModel:
             )
             for row, tokens in enumerate(generated)
         ]
-
-    def word_starts(self, tokens: list[int]) -> list[bool]:
-        """Which tokens begin a word, as `str.split` on each segment's text would count them."""
-        starts, after_timestamp = [], True
-        for token in tokens:
-            if token >= self.timestamp_begin:
-                starts.append(False)
-                after_timestamp = True
-                continue
-            piece = self.tokenizer.id_to_token(token) or ""
-            starts.append(piece.startswith("Ġ") or after_timestamp)
-            after_timestamp = False
-        return starts
-
-    def words_heard(self, hyp: Hypothesis, before_frame: int) -> int:
-        """How many words of `hyp` (its forced ones included) were heard whole before `before_frame`.
-
-        Generation is read up to the first token the alignment heads placed at or after
-        that frame; a word that token continues was not heard whole.
-        """
-        words = 0
-        for i, (token, starts) in enumerate(zip(hyp.token_ids, self.word_starts(hyp.token_ids), strict=True)):
-            generated = i - hyp.num_forced
-            if generated >= 0 and hyp.frames[generated] >= before_frame:
-                return words if starts or token >= self.timestamp_begin else words - 1
-            words += starts
-        return words
-
-    def window_prefix(
-        self, tokens: list[int], skip_words: int, keep_words: int, shift_seconds: float
-    ) -> list[int]:
-        """The tokens of words `[skip, skip + keep)` of a hypothesis, to force on the next decode.
-
-        They start with the timestamp that opened their segment; when the window moved
-        `shift_seconds` forward, every timestamp moves back with it.
-        """
-        if keep_words == 0:
-            return []
-        shift = round(shift_seconds / SECONDS_PER_TIMESTAMP)
-        out: list[int] = []
-        opening: int | None = None
-        word = -1
-        for token, starts in zip(tokens, self.word_starts(tokens), strict=True):
-            word += starts
-            if token >= self.timestamp_begin:
-                if word < skip_words:
-                    opening = token
-                    continue
-            elif word < skip_words:
-                continue
-            if starts and word >= skip_words + keep_words:
-                break
-            if not out and token < self.timestamp_begin:
-                out.append(opening if opening is not None else self.timestamp_begin + shift)
-            out.append(token)
-        return [max(self.timestamp_begin, t - shift) if t >= self.timestamp_begin else t for t in out]
 
     def segments(self, tokens: list[int]) -> list[Segment]:
         """Split timestamped tokens into segments; an unclosed last one has no end."""

@@ -1,16 +1,18 @@
 """What to commit from a re-decoded window: LocalAgreement-2 or AlignAtt.
 
 Both commit only words the decoder heard before the last moments of the window (its
-alignment heads attended to earlier frames: `WhisperModel.words_heard`). AlignAtt
+alignment heads attended to earlier frames: `TokenWords.words_heard`). AlignAtt
 (SimulStreaming's policy) commits those at once; LocalAgreement-2 also waits until two
-consecutive hypotheses agree on them.
+consecutive hypotheses agree on them. Whisper's loop guard drops a hypothesis's repeating tail.
 """
 
 import re
+import zlib
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
-from voxtral.whisper.model import Hypothesis
+from voxtral.whisper.model import Hypothesis, Segment
+from voxtral.whisper.words import split_words
 
 _PUNCT = re.compile(r"[^\w']+")
 
@@ -36,6 +38,45 @@ def _estimate_word_ends(words: list[str], start: float, end: float) -> list[floa
 
 
 @dataclass
+class WhisperPolicy:
+    """Streaming knobs; defaults measured on tiny.en with the 2-core CPU (see README)."""
+
+    commit_policy: str = "alignatt"  # or "local-agreement": see voxtral/whisper/policy.py
+    chunk_seconds: float = 0.5  # an item, and the cadence of an utterance's updates
+    # At full load each window is re-decoded at least this often (capacity's step budget):
+    # the latency a step adds to committed words stays under about a second.
+    step_period_seconds: float = 1.0
+    # Hypotheses of less speech are unreliable (tiny.en hears "The Lord" for "Hello", or
+    # "You" in the silence before a word), and a committed word is forced on every later decode.
+    min_decode_seconds: float = 1.0
+    # A session that names no language is not decoded before this much speech, from
+    # which a multilingual model detects it.
+    detect_language_seconds: float = 2.0
+    max_window_seconds: float = 24.0  # past this, commit what is there and move on
+    # Committed segments stay in the window until it is this long: context makes
+    # Whisper more accurate, and the encoder pads short windows anyway.
+    trim_after_seconds: float = 12.0
+    # Words the decoder heard in the window's last this-many seconds are not committed
+    # yet: Whisper mishears a word cut at the window's end.
+    holdback_seconds: float = 0.4
+    # While no one speaks the window keeps this much of the past: the VAD reports a
+    # start a little late, and a soft onset may sit before it.
+    lead_in_seconds: float = 0.5
+    endpoint_tail_seconds: float = 0.3  # audio after a turn's end decoded with it
+    # A turn's window stays as context for the next turn (Whisper hears a sentence better
+    # after the one before it) unless the silence between them is longer than this.
+    context_silence_seconds: float = 3.0
+    min_encoder_seconds: float = 10.0  # shorter windows are padded to this
+    encoder_bucket_seconds: float = 1.0
+    no_speech_prob: float = 0.6
+    logprob_floor: float = -1.0
+    # Silence the encoder sees after the window: without it tiny.en loops on the last words.
+    tail_pad_seconds: float = 3.0
+    max_compression_ratio: float = 2.4
+    tokens_per_second: float = 6.0
+
+
+@dataclass
 class WindowCommit:
     text: str  # newly committed text, to append to the transcript
     end_seconds: float = 0.0  # where its last word ends (estimated), from the window start
@@ -57,6 +98,7 @@ class WindowCommitter:
     """
 
     agree: bool = True
+    spaced: bool = True  # words are space-separated; else each character is one (Chinese, Japanese...)
     window_words: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
 
@@ -106,7 +148,7 @@ class WindowCommitter:
         word_ends: list[float] = []
         segment_ends: list[tuple[int, float | None]] = []  # (words through this segment, end)
         for segment in hyp.segments:
-            seg_words = segment.text.split()
+            seg_words = split_words(segment.text, self.spaced)
             words += seg_words
             word_ends += _estimate_word_ends(seg_words, segment.start, segment.end or window_seconds)
             segment_ends.append((len(words), segment.end))
@@ -130,10 +172,11 @@ class WindowCommitter:
         self.window_words += committed
         # Where the last committed word of the hypothesis ends.
         end_seconds = word_ends[len(words) - len(tail) + len(committed) - 1] if committed else 0.0
-        interim = " ".join(self.pending)
+        joiner = " " if self.spaced else ""
+        interim = joiner.join(self.pending)
         if clear:
             self.window_words, self.pending = [], []
-            return WindowCommit(" ".join(committed), end_seconds, clear=True, interim=interim)
+            return WindowCommit(joiner.join(committed), end_seconds, clear=True, interim=interim)
         trim, consumed = 0.0, 0
         for through, end in segment_ends if may_trim or force_trim else []:
             if end is not None and through <= len(self.window_words):
@@ -142,5 +185,27 @@ class WindowCommitter:
         if trim > 0:
             self.window_words = self.window_words[consumed:]
         return WindowCommit(
-            " ".join(committed), end_seconds, trim_seconds=trim, consumed_words=consumed, interim=interim
+            joiner.join(committed), end_seconds, trim_seconds=trim, consumed_words=consumed, interim=interim
         )
+
+
+def compression_ratio(text: str) -> float:
+    raw = text.encode()
+    return len(raw) / max(1, len(zlib.compress(raw)))
+
+
+def drop_repetition(segments: list[Segment], max_ratio: float) -> list[Segment]:
+    """Whisper's loop guard: text that compresses too well is the decoder repeating itself.
+
+    Keep the segments before the loop starts; Whisper itself would re-decode at a higher
+    temperature, which a re-decoded window does anyway one update later.
+    """
+    kept: list[Segment] = []
+    seen: set[str] = set()
+    for segment in segments:
+        key = segment.text.strip().lower()
+        if key in seen or compression_ratio(segment.text) > max_ratio:
+            break
+        seen.add(key)
+        kept.append(segment)
+    return kept

@@ -5,7 +5,6 @@ utterance is not decoded, and when speech stops its window is decoded once more 
 committed whole (endpointing), so the next sentence starts a fresh window.
 """
 
-import zlib
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -15,49 +14,14 @@ import torch
 
 from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
-from voxtral.runner import StepResult, UtteranceOutput, run_now
-from voxtral.whisper.model import Hypothesis, Segment, WhisperModel
-from voxtral.whisper.policy import WindowCommitter
+from voxtral.runner import StepResult, Transcription, UtteranceOutput, run_now
+from voxtral.whisper.model import Hypothesis, WhisperModel
+from voxtral.whisper.policy import WhisperPolicy, WindowCommitter, drop_repetition
+from voxtral.whisper.words import TokenWords, is_spaced
 
 log = structlog.get_logger(__name__)
 
 POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
-
-
-@dataclass
-class WhisperPolicy:
-    """Streaming knobs; defaults measured on tiny.en with the 2-core CPU (see README)."""
-
-    commit_policy: str = "alignatt"  # or "local-agreement": see voxtral/whisper/policy.py
-    chunk_seconds: float = 0.5  # an item, and the cadence of an utterance's updates
-    # At full load each window is re-decoded at least this often (capacity's step budget):
-    # the latency a step adds to committed words stays under about a second.
-    step_period_seconds: float = 1.0
-    # Hypotheses of less speech are unreliable (tiny.en hears "The Lord" for "Hello", or
-    # "You" in the silence before a word), and a committed word is forced on every later decode.
-    min_decode_seconds: float = 1.0
-    max_window_seconds: float = 24.0  # past this, commit what is there and move on
-    # Committed segments stay in the window until it is this long: context makes
-    # Whisper more accurate, and the encoder pads short windows anyway.
-    trim_after_seconds: float = 12.0
-    # Words the decoder heard in the window's last this-many seconds are not committed
-    # yet: Whisper mishears a word cut at the window's end.
-    holdback_seconds: float = 0.4
-    # While no one speaks the window keeps this much of the past: the VAD reports a
-    # start a little late, and a soft onset may sit before it.
-    lead_in_seconds: float = 0.5
-    endpoint_tail_seconds: float = 0.3  # audio after a turn's end decoded with it
-    # A turn's window stays as context for the next turn (Whisper hears a sentence better
-    # after the one before it) unless the silence between them is longer than this.
-    context_silence_seconds: float = 3.0
-    min_encoder_seconds: float = 10.0  # shorter windows are padded to this
-    encoder_bucket_seconds: float = 1.0
-    no_speech_prob: float = 0.6
-    logprob_floor: float = -1.0
-    # Silence the encoder sees after the window: without it tiny.en loops on the last words.
-    tail_pad_seconds: float = 3.0
-    max_compression_ratio: float = 2.4
-    tokens_per_second: float = 6.0
 
 
 @dataclass
@@ -74,6 +38,8 @@ class WhisperStream:
     speech_start: int = 0  # where the current (or last) turn's speech began
     turn_end: int | None = None  # speech stopped here: the window up to it is to be committed whole
     heard_until: int = 0  # where the last turn's window ended
+    language: str | None = None  # None until a multilingual model detects it
+    task: str = "transcribe"
 
 
 @dataclass
@@ -85,33 +51,12 @@ class _Window:
     final: bool
     commit_all: bool  # the utterance's input or a turn ended: commit the whole window
     items: list[AudioItem]  # the items the window reads, in order
+    detected: bool = False  # its utterance's language was detected on this window
 
     def arrived_at(self, seconds: float) -> float:
         """When the audio `seconds` into the window reached the server."""
         position = self.end - self.raw.shape[1] + round(seconds * POSITIONS_PER_SECOND) - 1
         return next((i.arrived_at for i in self.items if i.end > position), self.items[-1].arrived_at)
-
-
-def compression_ratio(text: str) -> float:
-    raw = text.encode()
-    return len(raw) / max(1, len(zlib.compress(raw)))
-
-
-def drop_repetition(segments: list[Segment], max_ratio: float) -> list[Segment]:
-    """Whisper's loop guard: text that compresses too well is the decoder repeating itself.
-
-    Keep the segments before the loop starts; Whisper itself would re-decode at a higher
-    temperature, which a re-decoded window does anyway one update later.
-    """
-    kept: list[Segment] = []
-    seen: set[str] = set()
-    for segment in segments:
-        key = segment.text.strip().lower()
-        if key in seen or compression_ratio(segment.text) > max_ratio:
-            break
-        seen.add(key)
-        kept.append(segment)
-    return kept
 
 
 class WhisperRunner:
@@ -131,6 +76,11 @@ class WhisperRunner:
         self.samples_per_position = HOP
         self.step_period_seconds = self.policy.step_period_seconds
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> device copy of an item's log-mel
+        self.languages = frozenset(model.language_ids) if model.multilingual else frozenset({"en"})
+        self.translates = model.multilingual
+        self.words = {
+            spaced: TokenWords(model.tokenizer, model.timestamp_begin, spaced) for spaced in (True, False)
+        }
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig:
         # Every utterance keeps its whole window referenced: size the cache for all of them.
@@ -147,9 +97,12 @@ class WhisperRunner:
     def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
         return raw_log_mel(samples, left, right, self.model.n_mels)
 
-    def new_state(self, request: Request) -> WhisperStream:
+    def new_state(self, request: Request, transcription: Transcription) -> WhisperStream:
         request.retain_from = 0
-        return WhisperStream(WindowCommitter(agree=self.policy.commit_policy == "local-agreement"))
+        language = transcription.language if self.model.multilingual else "en"
+        agree = self.policy.commit_policy == "local-agreement"
+        committer = WindowCommitter(agree=agree, spaced=is_spaced(language))
+        return WhisperStream(committer, language=language, task=transcription.task)
 
     def detokenize(self, state: WhisperStream, token_ids: list[int], final: bool) -> str:
         """Whisper commits text, not sampled ids: only ever called with none."""
@@ -207,7 +160,7 @@ class WhisperRunner:
             if state.committer.window_words and (
                 end - state.heard_until > p.context_silence_seconds * POSITIONS_PER_SECOND
             ):
-                state.committer = WindowCommitter(agree=state.committer.agree)
+                state.committer = WindowCommitter(agree=state.committer.agree, spaced=state.committer.spaced)
                 state.prefix = []
             if not state.committer.window_words:
                 lead_in = round(p.lead_in_seconds * POSITIONS_PER_SECOND)
@@ -215,9 +168,8 @@ class WhisperRunner:
                 request.retain_from = state.window_start
             return None
         heard = end - state.speech_start
-        if end <= state.window_start or (
-            not commit_all and heard < p.min_decode_seconds * POSITIONS_PER_SECOND
-        ):
+        least = p.min_decode_seconds if state.language else p.detect_language_seconds
+        if end <= state.window_start or (not commit_all and heard < least * POSITIONS_PER_SECOND):
             return None
         ids = request.input_ids_in_window(state.window_start, end)
         items = [request.item(i) for i in ids]
@@ -235,6 +187,7 @@ class WhisperRunner:
         frames = min(frames, self.model.max_frames)
         features = torch.stack([normalize_log_mel(w.raw[:, :frames], frames) for w in windows])
         states = self.model.encode(features)
+        self._detect_languages(windows, states)
         # No previous-text prompt (<|startofprev|>): with one, tiny.en skips the prompted
         # words and stops closing timestamps, and the window could no longer be trimmed.
         budgets = [
@@ -245,13 +198,25 @@ class WhisperRunner:
             for w in windows
         ]
         forced = [w.state.prefix for w in windows]
-        hyps = self.model.decode(states, budgets, forced)
+        prompts = [self.model.prompt(w.state.language, w.state.task) for w in windows]
+        hyps = self.model.decode(states, budgets, forced, prompts)
         out: dict[int, Hypothesis | None] = {}
         for window, hyp in zip(windows, hyps, strict=True):
             silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
             hyp.segments = drop_repetition(hyp.segments, p.max_compression_ratio)
             out[id(window)] = None if silent or not hyp.segments else hyp
         return out
+
+    def _detect_languages(self, windows: list[_Window], states: torch.Tensor) -> None:
+        """One decoder pass over the rows whose language is still unknown, batched."""
+        rows = [row for row, w in enumerate(windows) if w.state.language is None]
+        if not rows:
+            return
+        for row, (language, probability) in zip(rows, self.model.detect_language(states[rows]), strict=True):
+            state = windows[row].state
+            state.language, state.committer.spaced = language, is_spaced(language)
+            windows[row].detected = True
+            log.info("whisper.language_detected", language=language, probability=round(probability, 3))
 
     def _commit(self, window: _Window, hyp: Hypothesis | None) -> UtteranceOutput:
         state, request, p = window.state, window.request, self.policy
@@ -269,17 +234,19 @@ class WhisperRunner:
         if hyp is not None:
             # Encoder frames are two mel frames; the last `holdback` of them is too fresh.
             before = (window.raw.shape[1] - round(p.holdback_seconds * POSITIONS_PER_SECOND)) // 2
-            heard = self.model.words_heard(hyp, before)
+            heard = self.words[state.committer.spaced].words_heard(hyp, before)
         commit = state.committer.update(hyp, window.commit_all, force, may_trim, seconds, heard)
         # Latency counts from the arrival of the committed words' end, as the policy estimates it.
         output = UtteranceOutput(
             finished=window.final,
             audio_arrived_at=window.arrived_at(commit.end_seconds),
             interim=commit.interim,
+            language=state.language if window.detected else None,
         )
         if commit.text:
-            # Committed words, space-joined to the utterance's text so far.
-            output.text = " " + commit.text if state.has_text else commit.text.lstrip()
+            # Committed words, joined to the utterance's text so far.
+            joiner = self.words[state.committer.spaced].joiner
+            output.text = joiner + commit.text if state.has_text else commit.text.lstrip()
             state.has_text = True
         if window.commit_all:
             state.turn_end, state.heard_until = None, window.end
@@ -289,7 +256,7 @@ class WhisperRunner:
             state.window_start += round(commit.trim_seconds * POSITIONS_PER_SECOND)
             if hyp is not None:
                 words = len(state.committer.window_words)
-                state.prefix = self.model.window_prefix(
+                state.prefix = self.words[state.committer.spaced].window_prefix(
                     hyp.token_ids, commit.consumed_words, words, commit.trim_seconds
                 )
         state.window_start = min(state.window_start, window.end)

