@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from voxtral.voxtral_realtime.sliding_kv import Rows, SlidingKV
+from voxtral.voxtral_realtime.slots import RingShape
 
 CPU = torch.device("cpu")
 SLOTS, HEADS, KV_HEADS, DIM, MAX_STEP = 3, 2, 1, 4, 5
@@ -20,7 +21,7 @@ SLOTS, HEADS, KV_HEADS, DIM, MAX_STEP = 3, 2, 1, 4, 5
 )
 def test_ring_attention_equals_full_history_sliding_window(window, steps, seed):
     generator = torch.Generator().manual_seed(seed)
-    kv = SlidingKV(1, SLOTS, KV_HEADS, DIM, window, MAX_STEP, CPU, torch.float64)
+    kv = SlidingKV(RingShape(1, KV_HEADS, DIM, window, MAX_STEP), SLOTS, CPU, torch.float64)
     keys: dict[int, list[torch.Tensor]] = {slot: [] for slot in range(SLOTS)}
     values: dict[int, list[torch.Tensor]] = {slot: [] for slot in range(SLOTS)}
     for counts in steps:

@@ -43,6 +43,7 @@ def reference_tokens(path: Path, audio: np.ndarray, eos_token_id: int | None = N
     """transformers' own greedy transcription of the whole recording."""
     model, processor = _reference_model(path)
     inputs = processor(audio, return_tensors="pt")
+    inputs["input_features"] = inputs["input_features"].to(model.dtype)  # features come as float32
     kwargs = {} if eos_token_id is None else {"eos_token_id": eos_token_id}
     with torch.no_grad():
         out = model.generate(**inputs, do_sample=False, **kwargs)

@@ -17,6 +17,7 @@ from voxtral.audio import HOP, raw_log_mel
 from voxtral.errors import WeightsError
 from voxtral.voxtral_realtime.checkpoint import check_checkpoint, local_checkpoint
 from voxtral.voxtral_realtime.sliding_kv import Rows, SlidingKV, StepMask
+from voxtral.voxtral_realtime.slots import RingShape, free_bytes, slots_that_fit
 
 
 class VoxtralModel:
@@ -34,7 +35,6 @@ class VoxtralModel:
             raise WeightsError(f"malformed checkpoint {path}: {exc}") from exc
         self.model = model.to(device).eval()
         self.device, self.dtype = device, dtype
-        self.num_slots = num_slots
         config = model.config
         self.encoder = model.model.audio_tower
         self.language_model = model.model.language_model
@@ -52,6 +52,18 @@ class VoxtralModel:
         self.tekken = mistral.instruct_tokenizer.tokenizer
         self.eos_id = self.tekken.eos_id
 
+        audio, text = config.audio_config, config.text_config
+        # A step runs at most a whole prompt: that bounds the new keys a ring takes at once.
+        audio_ring = RingShape(
+            audio.num_hidden_layers, audio.num_attention_heads, audio.head_dim,
+            audio.sliding_window, self.num_prompt * self.downsample,
+        )  # fmt: skip
+        text_ring = RingShape(
+            text.num_hidden_layers, text.num_key_value_heads, text.head_dim,
+            text.sliding_window or text.max_position_embeddings, self.num_prompt,
+        )  # fmt: skip
+        self.slot_bytes = audio_ring.slot_bytes(dtype) + text_ring.slot_bytes(dtype)
+        self.num_slots = num_slots = slots_that_fit(num_slots, self.slot_bytes, free_bytes(device))
         self._prompt = torch.tensor(self.prompt_ids, device=device)
         self.last_token = torch.zeros(num_slots, dtype=torch.long, device=device)
         with torch.no_grad():
@@ -59,18 +71,10 @@ class VoxtralModel:
             t_cond = model.model.time_embedding(delay)[None]
             self._ada_scales = [1 + layer.ada_rms_norm(t_cond) for layer in self.language_model.layers]
 
-        audio, text = config.audio_config, config.text_config
         self.conv1_state = torch.zeros(num_slots, self.n_mels, 2, device=device, dtype=dtype)
         self.conv2_state = torch.zeros(num_slots, audio.hidden_size, 1, device=device, dtype=dtype)
-        # A step runs at most a whole prompt: that bounds the new keys a ring takes at once.
-        self.audio_kv = SlidingKV(
-            audio.num_hidden_layers, num_slots, audio.num_attention_heads, audio.head_dim,
-            audio.sliding_window, self.num_prompt * self.downsample, device, dtype,
-        )  # fmt: skip
-        self.text_kv = SlidingKV(
-            text.num_hidden_layers, num_slots, text.num_key_value_heads, text.head_dim,
-            text.sliding_window or text.max_position_embeddings, self.num_prompt, device, dtype,
-        )  # fmt: skip
+        self.audio_kv = SlidingKV(audio_ring, num_slots, device, dtype)
+        self.text_kv = SlidingKV(text_ring, num_slots, device, dtype)
 
     # ---- host side ---------------------------------------------------------------------------
 

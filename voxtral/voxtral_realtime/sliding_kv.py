@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from voxtral.voxtral_realtime.slots import RingShape
+
 
 @dataclass
 class Rows:
@@ -56,20 +58,10 @@ class StepMask:
 
 
 class SlidingKV:
-    def __init__(
-        self,
-        num_layers: int,
-        num_slots: int,
-        num_kv_heads: int,
-        head_dim: int,
-        window: int,
-        max_step: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ) -> None:
-        self.window = window
-        self.capacity = window + max_step - 1
-        shape = (num_layers, num_slots, num_kv_heads, self.capacity, head_dim)
+    def __init__(self, ring: RingShape, num_slots: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.window = ring.window
+        self.capacity = ring.cells
+        shape = (ring.num_layers, num_slots, ring.num_kv_heads, self.capacity, ring.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.positions = torch.full((num_slots, self.capacity), -1, device=device, dtype=torch.long)
