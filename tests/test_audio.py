@@ -47,6 +47,23 @@ def test_itemwise_log_mel_equals_whisper_features(welcome):
     assert torch.allclose(ours[:, inner], reference[:, inner], atol=1e-4)
 
 
+def test_any_chunking_gives_bit_identical_frames(welcome):
+    """A bfloat16 model rounds features: a last-bit difference between chunkings is a different input."""
+    samples = welcome[0][: 16000 * 4]
+    nothing = np.zeros(0, np.float32)
+    whole = raw_log_mel(samples, nothing, nothing, n_mels=128)
+    rng = np.random.default_rng(0)
+    cuts = np.cumsum(rng.integers(1, 40, 100) * 160)
+    cuts = cuts[cuts < len(samples)]
+    chunks, start = [], 0
+    for end in [*cuts, len(samples)]:
+        right = samples[end : end + RIGHT_CONTEXT]
+        chunks.append(raw_log_mel(samples[start:end], samples[:start], right, n_mels=128))
+        start = end
+    assert len(chunks) > 10
+    assert torch.equal(torch.cat(chunks, dim=1), whole)
+
+
 def test_features_of_a_chunk_need_hop_multiples():
     with pytest.raises(ValueError):
         raw_log_mel(np.zeros(100, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32))

@@ -14,7 +14,9 @@ from realtime.engine import Engine
 from realtime.events import Delta, Done, Failed
 from scheduler import Request
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec
+from voxtral.audio import SAMPLE_RATE
 from voxtral.loading import load_model
+from voxtral.voxtral_realtime.model import log_mel
 
 # Three checkpoints that differ where the streaming code could go wrong: downsample
 # factor, delay, left padding, sliding windows shorter than the prompt, GQA.
@@ -28,6 +30,15 @@ SPECS = {
     ),
 }
 
+# bfloat16 at a width where its rounding matters, with windows shorter than the recording
+# (the rings wrap). Initialized at 0.1 (a gain of 1.6 per projection): tokens vary, yet
+# rounding is not amplified into other tokens as at the tiny checkpoints' 0.5.
+BFLOAT16_SPEC = TinyVoxtralSpec(
+    audio_hidden=256, audio_layers=8, audio_heads=4, audio_window=100,
+    text_hidden=256, text_layers=8, text_heads=4, text_kv_heads=1, text_window=40,
+    dtype=torch.bfloat16, init_range=0.1, seed=3,
+)  # fmt: skip
+
 
 def pcm16_grid(samples: np.ndarray) -> np.ndarray:
     """What survives the wire: the server only ever sees PCM16."""
@@ -35,14 +46,33 @@ def pcm16_grid(samples: np.ndarray) -> np.ndarray:
 
 
 @cache
-def _reference_model(path: Path):
-    return VoxtralRealtimeForConditionalGeneration.from_pretrained(path), AutoProcessor.from_pretrained(path)
+def reference_model(path: Path, dtype: str = "auto"):
+    model = VoxtralRealtimeForConditionalGeneration.from_pretrained(path, dtype=dtype)
+    return model, AutoProcessor.from_pretrained(path)
 
 
-def reference_tokens(path: Path, audio: np.ndarray, eos_token_id: int | None = None) -> list[int]:
-    """transformers' own greedy transcription of the whole recording."""
-    model, processor = _reference_model(path)
+def reference_tokens(
+    path: Path,
+    audio: np.ndarray,
+    *,
+    eos_token_id: int | None = None,
+    engine_features: bool = False,
+    dtype: str = "auto",
+) -> list[int]:
+    """transformers' own greedy transcription of the whole recording.
+
+    From its processor's features, or with `engine_features` from the engine's log-mel of the
+    same padded recording. The two differ by float32 rounding (test_item_features_equal_the_
+    feature_extractor), and in bfloat16 that alone can flip a random model's token, so
+    bfloat16 comparisons start both sides from the same features and test all that follows.
+    `dtype` "auto" is the checkpoint's own.
+    """
+    model, processor = reference_model(path, dtype)
     inputs = processor(audio, return_tensors="pt")
+    if engine_features:
+        ours = engine_log_mel(processor, audio)
+        assert ours.shape == inputs["input_features"].shape
+        inputs["input_features"] = ours
     inputs["input_features"] = inputs["input_features"].to(model.dtype)  # features come as float32
     kwargs = {} if eos_token_id is None else {"eos_token_id": eos_token_id}
     with torch.no_grad():
@@ -50,8 +80,34 @@ def reference_tokens(path: Path, audio: np.ndarray, eos_token_id: int | None = N
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
+def teacher_forced_logits(
+    path: Path, audio: np.ndarray, tokens: list[int], dtype: str = "auto"
+) -> torch.Tensor:
+    """(len(tokens), vocab) logits of one forward pass over the whole recording with `tokens`
+    fed back: every position's choice judged on the engine's own history."""
+    model, processor = reference_model(path, dtype)
+    inputs = processor(audio, return_tensors="pt")
+    prompt = inputs["input_ids"].shape[1]
+    ids = torch.cat([inputs["input_ids"], torch.tensor([tokens[:-1]])], dim=1)
+    features = engine_log_mel(processor, audio)[..., : ids.shape[1] * model.config.audio_length_per_tok]
+    with torch.no_grad():
+        out = model(
+            input_ids=ids,
+            input_features=features.to(model.dtype),
+            num_delay_tokens=inputs["num_delay_tokens"],
+        )
+    return out.logits[0, prompt - 1 :].float()
+
+
+def engine_log_mel(processor, audio: np.ndarray) -> torch.Tensor:
+    """(1, n_mels, frames): the engine's log-mel of the recording as the processor pads it."""
+    padded = processor.tokenizer.tokenizer.instruct_tokenizer.audio_encoder.pad(audio, SAMPLE_RATE)
+    nothing = np.zeros(0, np.float32)
+    return log_mel(padded.astype(np.float32), nothing, nothing, processor.feature_extractor)[None]
+
+
 def reference_text(path: Path, tokens: list[int]) -> str:
-    return _reference_model(path)[1].tokenizer.decode(tokens, skip_special_tokens=True)
+    return reference_model(path)[1].tokenizer.decode(tokens, skip_special_tokens=True)
 
 
 @dataclass
@@ -112,6 +168,6 @@ def wait_for_release(engine: Engine, seconds: float = 30) -> None:
         time.sleep(0.01)
 
 
-def voxtral_engine(path: Path, max_sessions: int = 8) -> Engine:
-    loaded = load_model(str(path), "cpu", "float32", max_sessions=max_sessions)
+def voxtral_engine(path: Path, max_sessions: int = 8, dtype: str = "float32") -> Engine:
+    loaded = load_model(str(path), "cpu", dtype, max_sessions=max_sessions)
     return Engine(loaded.runner, EngineConfig(max_sessions=max_sessions))

@@ -20,12 +20,12 @@ def pcm16_to_float32(data: bytes) -> np.ndarray:
 
 @cache
 def _mel_filters(n_mels: int) -> np.ndarray:
-    return librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=n_mels).astype(np.float32)
+    return librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=n_mels, dtype=np.float64)
 
 
 @cache
 def _window() -> np.ndarray:
-    return np.hanning(N_FFT + 1)[:-1].astype(np.float32)  # periodic, as torch.hann_window
+    return np.hanning(N_FFT + 1)[:-1]  # periodic, as torch.hann_window
 
 
 LEFT_CONTEXT = N_FFT // 2  # samples before a chunk that its first frame sees
@@ -41,6 +41,10 @@ def raw_log_mel(
     samples before the chunk and the `RIGHT_CONTEXT` samples after it (zeros where the
     stream has none), consecutive chunks give exactly the frames of the whole signal.
     Whisper's dynamic-range clamp needs the whole window: see `normalize_log_mel`.
+
+    Computed in float64 and rounded once, so any chunking gives bit-identical frames: in
+    float32 the mel product's blocking depends on the chunk's length and moves ~0.5 % of
+    values by one last bit, which a bfloat16 model can round into a different token.
 
     numpy, not torch: this runs on the engine thread, and a torch FFT or matmul there
     would start a second OpenMP thread team next to the device worker's, which on a
@@ -63,7 +67,8 @@ def raw_log_mel(
     frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][: len(samples) // HOP]
     spectrum = np.fft.rfft(frames * _window(), axis=-1)
     power = spectrum.real**2 + spectrum.imag**2
-    return torch.from_numpy(np.log10(np.maximum(_mel_filters(n_mels) @ power.T, 1e-10)))
+    mel = np.maximum(_mel_filters(n_mels) @ power.T, 1e-10)
+    return torch.from_numpy(np.log10(mel).astype(np.float32))
 
 
 def normalize_log_mel(raw: torch.Tensor, num_frames: int) -> torch.Tensor:

@@ -10,7 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AutoProcessor, VoxtralRealtimeForConditionalGeneration
+from transformers import (
+    AutoProcessor,
+    VoxtralRealtimeFeatureExtractor,
+    VoxtralRealtimeForConditionalGeneration,
+)
 from transformers.models.voxtral_realtime.modeling_voxtral_realtime import apply_rotary_pos_emb
 
 from voxtral.audio import HOP, raw_log_mel
@@ -18,6 +22,15 @@ from voxtral.errors import WeightsError
 from voxtral.voxtral_realtime.checkpoint import check_checkpoint, local_checkpoint
 from voxtral.voxtral_realtime.sliding_kv import Rows, SlidingKV, StepMask
 from voxtral.voxtral_realtime.slots import RingShape, free_bytes, slots_that_fit
+
+
+def log_mel(
+    samples: np.ndarray, left: np.ndarray, right: np.ndarray, extractor: VoxtralRealtimeFeatureExtractor
+) -> torch.Tensor:
+    """The feature extractor's log-mel for these samples; its clamp is a fixed level, so causal."""
+    raw = raw_log_mel(samples, left, right, extractor.feature_size).numpy()
+    floor = extractor.global_log_mel_max - 8.0
+    return torch.from_numpy((np.maximum(raw, floor) + 4.0) / 4.0)
 
 
 class VoxtralModel:
@@ -42,7 +55,6 @@ class VoxtralModel:
         self.mel_frames_per_position = config.audio_length_per_tok
         self.samples_per_position = self.mel_frames_per_position * HOP
         self.n_mels = config.audio_config.num_mel_bins
-        self.log_mel_floor = self.processor.feature_extractor.global_log_mel_max - 8.0
 
         mistral = self.processor.tokenizer.tokenizer
         audio_encoder = mistral.instruct_tokenizer.audio_encoder
@@ -88,9 +100,7 @@ class VoxtralModel:
         return (-num_samples) % per + self.audio_config.n_right_pad_tokens() * per
 
     def features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
-        """The feature extractor's log-mel for these samples; its clamp is a fixed level, so causal."""
-        raw = raw_log_mel(samples, left, right, self.n_mels).numpy()
-        return torch.from_numpy((np.maximum(raw, self.log_mel_floor) + 4.0) / 4.0)
+        return log_mel(samples, left, right, self.processor.feature_extractor)
 
     # ---- device side -------------------------------------------------------------------------
 
