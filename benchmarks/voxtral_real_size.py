@@ -34,7 +34,7 @@ from realtime.config import EngineConfig
 from realtime.engine import Engine
 from realtime.logs import configure_logging
 from tests.fixtures.tiny_voxtral import REAL_SIZE, build_tiny_voxtral
-from tests.voxtral_harness import Feed, drive, pieces, reference_tokens, teacher_forced_logits
+from tests.voxtral_harness import Feed, choice_gaps, drive, pieces, reference_tokens, teacher_forced_logits
 from voxtral.loading import load_model
 
 
@@ -82,13 +82,12 @@ def run_reference(
     agree, gaps, disagreements = 0, [0.0], []
     for session, (audio, ours) in enumerate(zip(audios, engine_tokens, strict=True)):
         logits = teacher_forced_logits(path, audio, ours, dtype)
-        chosen = torch.tensor(ours)
-        picked = logits.argmax(-1)
-        agree += int((picked == chosen).sum())
-        best = logits.max(-1).values
-        gap = (best - logits[torch.arange(len(ours)), chosen]) / logits.std(-1)
+        # Agreement is the forward pass's argmax, as `generate` picks: a tie picks the lower id.
+        picked, gap = logits.argmax(-1), choice_gaps(logits, ours)
+        differs = picked != torch.tensor(ours)
+        agree += len(ours) - int(differs.sum())
         gaps.append(float(gap.max()))
-        for position in (picked != chosen).nonzero().flatten().tolist():
+        for position in differs.nonzero().flatten().tolist():
             disagreements.append(
                 {
                     "session": session,
@@ -96,7 +95,7 @@ def run_reference(
                     "engine": ours[position],
                     "transformers": int(picked[position]),
                     "gap_std": float(f"{gap[position]:.3g}"),
-                    "ties": int((logits[position] == best[position]).sum()),
+                    "ties": int((logits[position] == logits[position].max()).sum()),
                 }
             )
     # transformers against itself: its one-pass forward over generate's own tokens. Where

@@ -99,6 +99,13 @@ def teacher_forced_logits(
     return out.logits[0, prompt - 1 :].float()
 
 
+def choice_gaps(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """How far below each row's best logit the chosen token's is, in the row's standard
+    deviations: 0 where it is the forward pass's own choice."""
+    chosen = logits[torch.arange(len(tokens)), torch.tensor(tokens)]
+    return (logits.max(-1).values - chosen) / logits.std(-1)
+
+
 def engine_log_mel(processor, audio: np.ndarray) -> torch.Tensor:
     """(1, n_mels, frames): the engine's log-mel of the recording as the processor pads it."""
     padded = processor.tokenizer.tokenizer.instruct_tokenizer.audio_encoder.pad(audio, SAMPLE_RATE)
