@@ -108,10 +108,11 @@ def test_an_hour_uploaded_at_full_speed_is_transcribed_in_bounded_memory(whisper
         # threshold: 9 MB.
         assert peak - before < 50, (before, peak)
         assert done["usage"]["audio_seconds"] == pytest.approx(3600, abs=1)
-        # Every minute's speech is in the transcript: its first words, or its last (where a
-        # turn starts or ends, tiny.en sometimes drops one half of the 4 s of speech).
+        # Every minute's speech is in the transcript, both its sentences, however many
+        # turns the VAD heard before a step decoded them.
         text = done["text"].lower()
-        assert text.count("good morning") + text.count("today we will") >= 57, done["text"]
+        print(f"{text.count('good morning')} 'good morning', {text.count('today we will')} 'today we will'")
+        assert text.count("good morning") >= 57 and text.count("today we will") >= 57, done["text"]
     finally:
         harness.stop()
 

@@ -114,6 +114,25 @@ def test_speech_events_fire_in_order_at_the_speech_bounds(whisper_runner, tmp_pa
     )
 
 
+def test_turns_that_arrive_faster_than_real_time_are_each_committed_whole(whisper_runner, welcome):
+    """A client uploading a file: the VAD hears every turn before the first step decodes one.
+    Each turn is decoded on its own window (the old single turn end let one window span
+    them all, and the encoder's 30 s cut off every turn after the first)."""
+    speech = welcome[0][: 4 * 16000]  # "Good morning everyone. Today we will talk about ..."
+    audio = np.concatenate([speech, silence(20.0)] * 4)
+    engine = Engine(whisper_runner)
+    events: list = []
+    engine.add_utterance("u", events.append)
+    engine.add_audio("u", audio)
+    engine.finish_input("u")
+    while not any(isinstance(e, Done) for e in events):
+        engine.run_once()
+    assert len([e for e in events if isinstance(e, SpeechStopped)]) == 4
+    assert engine.num_steps == 1  # all four turns came to one step
+    text = events[-1].text.lower()
+    assert text.count("good morning") == 4 and text.count("today we will") == 4, text
+
+
 def test_silence_and_noise_give_no_speech_events_and_no_text(whisper_runner):
     rng = np.random.default_rng(1)
     for audio in (silence(6), (rng.standard_normal(96000) * 0.02).astype(np.float32)):

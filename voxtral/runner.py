@@ -38,6 +38,15 @@ class StepResult:
     outputs: dict[str, UtteranceOutput] = field(default_factory=dict)  # by request id
     model_seconds: float = 0.0  # time the step spent in model code
 
+    def add(self, request_id: str, output: UtteranceOutput) -> None:
+        """An utterance's output, after what the step gave it before (a family that decodes
+        an utterance more than once in a step)."""
+        if (earlier := self.outputs.get(request_id)) is not None:
+            output.text = earlier.text + output.text
+            output.num_tokens += earlier.num_tokens
+            output.language = output.language or earlier.language
+        self.outputs[request_id] = output
+
 
 class ModelRunner(Protocol):
     """A model family as the engine drives it.

@@ -5,6 +5,7 @@ utterance is not decoded, and when speech stops its window is decoded once more 
 committed whole (endpointing), so the next sentence starts a fresh window.
 """
 
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -25,6 +26,14 @@ POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
 
 
 @dataclass
+class Speech:
+    """A turn the VAD heard, in positions; `stop` is None while it goes on."""
+
+    start: int
+    stop: int | None = None
+
+
+@dataclass
 class WhisperStream:
     """One utterance's streaming state. Whisper runs each step on the engine thread: it owns all of it."""
 
@@ -34,9 +43,10 @@ class WhisperStream:
     # uncommitted tail is generated and committed text cannot change under the policy.
     prefix: list[int] = field(default_factory=list)
     has_text: bool = False  # something was committed: the next words follow a space
-    speaking: bool = False  # the VAD hears speech now
-    speech_start: int = 0  # where the current (or last) turn's speech began
-    turn_end: int | None = None  # speech stopped here: the window up to it is to be committed whole
+    # Turns heard and not yet committed whole, oldest first. The VAD reads all audio that
+    # has arrived, so a client sending faster than real time can be several turns ahead
+    # of the positions a step decodes: each is committed whole in its turn.
+    turns: deque[Speech] = field(default_factory=deque)
     heard_until: int = 0  # where the last turn's window ended
     language: str | None = None  # None until a multilingual model detects it
     task: str = "transcribe"
@@ -109,11 +119,28 @@ class WhisperRunner:
         return self.model.tokenizer.decode(token_ids)
 
     def turn(self, state: WhisperStream, speaking: bool, position: int) -> None:
-        if speaking and not state.speaking:
-            state.speech_start = position
-        state.speaking = speaking
         if not speaking:
-            state.turn_end = position
+            if state.turns:
+                state.turns[-1].stop = position
+            return
+        if not state.turns:  # everything before is committed: its silence may go
+            self._leave_silence(state, position)
+        state.turns.append(Speech(position))
+
+    def _leave_silence(self, state: WhisperStream, until: int) -> None:
+        """The window need not hold the silence before `until`: past the context's time the
+        last turn is dropped, and a window without one keeps only a short lead-in (the VAD
+        reports a start a little late, and a soft onset may sit before it)."""
+        p = self.policy
+        if state.committer.window_words and (
+            until - state.heard_until > p.context_silence_seconds * POSITIONS_PER_SECOND
+        ):
+            state.committer = WindowCommitter(agree=state.committer.agree, spaced=state.committer.spaced)
+            state.prefix = []
+        if not state.committer.window_words:
+            state.window_start = max(
+                state.window_start, until - round(p.lead_in_seconds * POSITIONS_PER_SECOND)
+            )
 
     def release(self, state: WhisperStream) -> None:
         """Nothing device-side is per-utterance for Whisper: the window lives in the encoder cache."""
@@ -127,55 +154,60 @@ class WhisperRunner:
         for _, item in out.encoder_inputs:
             self.store[item.mm_hash] = item.features.to(self.device, non_blocking=True)
         result = StepResult()
-        windows = []
-        for s in out.scheduled:
-            state = states[s.request.request_id]
-            if (window := self._plan(s.request, state, s.end, s.final)) is not None:
-                windows.append(window)
-            elif s.final:
-                result.outputs[s.request.request_id] = UtteranceOutput(finished=True)
-        hypotheses = self._decode(windows)
-        for window in windows:
-            hyp = hypotheses.get(id(window))
-            output = self._commit(window, hyp)
-            output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
-            if output.text or output.finished or output.num_tokens:
-                result.outputs[window.request.request_id] = output
+        step = {
+            s.request.request_id: (s.request, states[s.request.request_id], s.end, s.final)
+            for s in out.scheduled
+        }
+        due = list(step.values())
+        # Rounds: an utterance whose window committed a turn whole, with more turns heard
+        # behind it, is planned again on the same audio (only a faster-than-real-time
+        # client gets there).
+        while due:
+            windows = []
+            for request, state, end, final in due:
+                if (window := self._plan(request, state, end, final)) is not None:
+                    windows.append(window)
+                elif final:
+                    result.add(request.request_id, UtteranceOutput(finished=True))
+            hypotheses = self._decode(windows)
+            for window in windows:
+                hyp = hypotheses.get(id(window))
+                output = self._commit(window, hyp)
+                output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
+                if output.text or output.finished or output.num_tokens:
+                    result.add(window.request.request_id, output)
+            due = [step[w.request.request_id] for w in windows if w.commit_all and w.state.turns]
         return result
 
     def _plan(self, request: Request, state: WhisperStream, end: int, final: bool) -> _Window | None:
-        """The window to decode this step, if any: speech since the window began, long
-        enough to be heard, or a turn or the input that ended."""
+        """The window to decode this step, if any: the oldest turn heard, once its end (and a
+        short tail) has arrived, to commit whole; or the turn going on, long enough to be heard."""
         p = self.policy
-        commit_all = final
-        if state.turn_end is not None and not final:
-            turn_end = state.turn_end + round(p.endpoint_tail_seconds * POSITIONS_PER_SECOND)
-            if end >= turn_end:
-                end, commit_all = turn_end, True
-            elif not state.speaking:
-                return None  # the audio after the turn's end is yet to come
-        if not (state.speaking or state.turn_end is not None):
-            # Silence: nothing to decode. Past the context's time the last turn is dropped,
-            # and a window without one keeps only a short lead-in.
-            if state.committer.window_words and (
-                end - state.heard_until > p.context_silence_seconds * POSITIONS_PER_SECOND
-            ):
-                state.committer = WindowCommitter(agree=state.committer.agree, spaced=state.committer.spaced)
-                state.prefix = []
-            if not state.committer.window_words:
-                lead_in = round(p.lead_in_seconds * POSITIONS_PER_SECOND)
-                state.window_start = max(state.window_start, end - lead_in)
-                request.retain_from = state.window_start
+        turn = state.turns[0] if state.turns else None
+        if turn is None or end <= turn.start:
+            # Silence: nothing to decode, and the window need not keep it.
+            self._leave_silence(state, end)
+            request.retain_from = state.window_start
             return None
-        heard = end - state.speech_start
-        least = p.min_decode_seconds if state.language else p.detect_language_seconds
-        if end <= state.window_start or (not commit_all and heard < least * POSITIONS_PER_SECOND):
+        if turn.stop is not None or final:  # the turn ended, or the input did
+            tail = round(p.endpoint_tail_seconds * POSITIONS_PER_SECOND)
+            stop = end if turn.stop is None else turn.stop + tail
+            if end < stop and not final:
+                return None  # the audio after the turn's end is yet to come
+            end = min(end, stop)
+            state.turns.popleft()
+        else:
+            least = p.min_decode_seconds if state.language else p.detect_language_seconds
+            if end - turn.start < least * POSITIONS_PER_SECOND:
+                return None
+        if end <= state.window_start:
             return None
         ids = request.input_ids_in_window(state.window_start, end)
         items = [request.item(i) for i in ids]
         raw = torch.cat([self.store[item.mm_hash] for item in items], dim=1)
         raw = raw[:, state.window_start - items[0].offset : end - items[0].offset]
-        return _Window(request, state, raw, end, final, commit_all, items)
+        ended = turn.stop is not None or final
+        return _Window(request, state, raw, end, final and not state.turns, ended, items)
 
     def _decode(self, windows: list[_Window]) -> dict[int, Hypothesis | None]:
         if not windows:
@@ -249,7 +281,7 @@ class WhisperRunner:
             output.text = joiner + commit.text if state.has_text else commit.text.lstrip()
             state.has_text = True
         if window.commit_all:
-            state.turn_end, state.heard_until = None, window.end
+            state.heard_until = window.end
         if commit.clear:
             state.window_start, state.prefix = window.end, []
         else:
@@ -260,5 +292,7 @@ class WhisperRunner:
                     hyp.token_ids, commit.consumed_words, words, commit.trim_seconds
                 )
         state.window_start = min(state.window_start, window.end)
+        if window.commit_all and state.turns:  # the silence before the next turn, heard already
+            self._leave_silence(state, state.turns[0].start)
         request.retain_from = state.window_start
         return output
