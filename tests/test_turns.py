@@ -11,7 +11,7 @@ from silero_vad import load_silero_vad
 
 from benchmarks.text import normalize_words, word_error_rate
 from realtime.engine import Engine
-from realtime.events import Delta, Done, SpeechStarted, SpeechStopped
+from realtime.events import Delta, Done, Interim, SpeechStarted, SpeechStopped
 from realtime.server import ServerConfig
 from tests.conftest import espeak
 from tests.server_harness import ServerThread, append_event
@@ -173,6 +173,23 @@ def test_endpointing_commits_the_whole_utterance_within_a_second_of_its_end(whis
         pytest.fail(f"not committed whole within 1 s of its end: {committed!r}, {events}")
     assert word_error_rate("Many people went to the park to walk their dogs.", committed) <= 0.15
     assert not any(isinstance(e, Done) for _, e in events)  # a turn ended, not the utterance
+
+
+def test_a_turn_shows_interim_text_before_any_of_it_may_be_committed(whisper_runner, tmp_path):
+    """A turn is decoded for interim text from half a second of speech on; its words are
+    committed from a second on (a hypothesis of less speech is unreliable, and a committed
+    word is forced on every later decode)."""
+    policy = whisper_runner.policy
+    assert policy.min_decode_seconds < policy.min_commit_seconds
+    speech = espeak("Many people went to the park to walk their dogs.", tmp_path / "a.wav")
+    start = 1.0 + voiced(speech)[0]
+    audio = np.concatenate([silence(1.0), speech, silence(1.0)])
+    events = stream_stepped(Engine(whisper_runner), audio, 800, finish=False)  # 50 ms chunks
+    interim = next(sent for sent, e in events if isinstance(e, Interim) and e.text)
+    delta = next(sent for sent, e in events if isinstance(e, Delta))
+    # Items are 0.5 s: a turn is first decoded within an item of the least speech decoded.
+    assert interim < start + policy.min_decode_seconds + policy.chunk_seconds + 0.1, events
+    assert delta > start + policy.min_commit_seconds - 0.1, events
 
 
 def test_interim_text_is_opt_in_and_never_changes_committed_text(whisper_runner, tmp_path):

@@ -46,9 +46,12 @@ class WhisperPolicy:
     # At full load each window is re-decoded at least this often (capacity's step budget):
     # the latency a step adds to committed words stays under about a second.
     step_period_seconds: float = 1.0
-    # Hypotheses of less speech are unreliable (tiny.en hears "The Lord" for "Hello", or
-    # "You" in the silence before a word), and a committed word is forced on every later decode.
-    min_decode_seconds: float = 1.0
+    # A turn is decoded, for interim text, once this much of it is heard; its words are
+    # committed from `min_commit_seconds` on: hypotheses of less speech are unreliable
+    # (tiny.en hears "The Lord" for "Hello", or "You" in the silence before a word), and
+    # a committed word is forced on every later decode.
+    min_decode_seconds: float = 0.5
+    min_commit_seconds: float = 1.0
     # A session that names no language is not decoded before this much speech, from
     # which a multilingual model detects it.
     detect_language_seconds: float = 2.0

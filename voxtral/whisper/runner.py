@@ -61,6 +61,7 @@ class _Window:
     final: bool
     commit_all: bool  # the utterance's input or a turn ended: commit the whole window
     items: list[AudioItem]  # the items the window reads, in order
+    speech_seconds: float  # of its turn
     detected: bool = False  # its utterance's language was detected on this window
 
     def arrived_at(self, seconds: float) -> float:
@@ -207,7 +208,8 @@ class WhisperRunner:
         raw = torch.cat([self.store[item.mm_hash] for item in items], dim=1)
         raw = raw[:, state.window_start - items[0].offset : end - items[0].offset]
         ended = turn.stop is not None or final
-        return _Window(request, state, raw, end, final and not state.turns, ended, items)
+        heard = (end - turn.start) / POSITIONS_PER_SECOND
+        return _Window(request, state, raw, end, final and not state.turns, ended, items, heard)
 
     def _decode(self, windows: list[_Window]) -> dict[int, Hypothesis | None]:
         if not windows:
@@ -262,8 +264,8 @@ class WhisperRunner:
             return UtteranceOutput(finished=False, audio_arrived_at=window.items[-1].arrived_at)
         may_trim = length > p.trim_after_seconds * POSITIONS_PER_SECOND
         seconds = length / POSITIONS_PER_SECOND
-        heard = None
-        if hyp is not None:
+        heard = None if window.commit_all or window.speech_seconds >= p.min_commit_seconds else 0
+        if hyp is not None and heard is None:
             # Encoder frames are two mel frames; the last `holdback` of them is too fresh.
             before = (window.raw.shape[1] - round(p.holdback_seconds * POSITIONS_PER_SECOND)) // 2
             heard = self.words[state.committer.spaced].words_heard(hyp, before)
