@@ -2,7 +2,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from voxtral.whisper.model import Hypothesis, Segment
-from voxtral.whisper.policy import WindowCommitter
+from voxtral.whisper.policy import WindowCommitter, drop_repetition
 
 
 def hyp(*segments: tuple[float, float | None, str]) -> Hypothesis:
@@ -97,3 +97,17 @@ def test_a_steady_model_gets_every_word_committed_once(words, growth):
     commit = agreement.update(hyp((0, None, " " + " ".join(words))), True, False)
     committed += commit.text.split()
     assert committed == words
+
+
+def test_a_segment_that_says_an_earlier_one_again_is_dropped_with_what_follows():
+    said = Segment(0.0, 7.0, " Last year we spent most of the money on repairs to the old school roof")
+    again = Segment(7.0, 14.0, " The next part was the last year we spent most of the money on repairs")
+    after = Segment(14.0, 15.0, " So there was little left.")
+    assert drop_repetition([said, again, after], 2.4) == [said]
+    assert drop_repetition([said, Segment(7.0, 9.0, " So there was little left.")], 2.4)[-1].end == 9.0
+    # Four words in a row again are speech, not a loop.
+    other = Segment(7.0, 9.0, " We spent most of our afternoon outside.")
+    assert drop_repetition([said, other], 2.4) == [said, other]
+    assert drop_repetition([Segment(0, 1, " Thank you."), Segment(1, 2, " Thank you.")], 2.4) == [
+        Segment(0, 1, " Thank you.")
+    ]

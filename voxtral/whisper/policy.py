@@ -197,18 +197,26 @@ def compression_ratio(text: str) -> float:
     return len(raw) / max(1, len(zlib.compress(raw)))
 
 
+LOOP_WORDS = 5  # a segment that says again this many words in a row of an earlier one is a loop
+
+
 def drop_repetition(segments: list[Segment], max_ratio: float) -> list[Segment]:
-    """Whisper's loop guard: text that compresses too well is the decoder repeating itself.
+    """Whisper's loop guard: text that compresses too well is the decoder repeating itself,
+    and so is a segment that says again what an earlier one said (tiny.en, given a
+    window's committed words, sometimes transcribes them a second time in the silence
+    padded after the audio).
 
     Keep the segments before the loop starts; Whisper itself would re-decode at a higher
     temperature, which a re-decoded window does anyway one update later.
     """
     kept: list[Segment] = []
-    seen: set[str] = set()
+    said: set[tuple[str, ...]] = set()  # every run of LOOP_WORDS words of the kept segments
     for segment in segments:
-        key = segment.text.strip().lower()
-        if key in seen or compression_ratio(segment.text) > max_ratio:
+        words = [_norm(w) for w in segment.text.split()]
+        runs = {tuple(words[i : i + LOOP_WORDS]) for i in range(len(words) - LOOP_WORDS + 1)}
+        repeated = any(segment.text.strip().lower() == k.text.strip().lower() for k in kept)
+        if repeated or runs & said or compression_ratio(segment.text) > max_ratio:
             break
-        seen.add(key)
+        said |= runs
         kept.append(segment)
     return kept
