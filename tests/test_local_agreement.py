@@ -111,3 +111,19 @@ def test_a_segment_that_says_an_earlier_one_again_is_dropped_with_what_follows()
     assert drop_repetition([Segment(0, 1, " Thank you."), Segment(1, 2, " Thank you.")], 2.4) == [
         Segment(0, 1, " Thank you.")
     ]
+
+
+def test_words_a_trim_left_in_the_window_are_not_committed_again():
+    """Whisper timed the segment's end early: the trimmed window still holds its last words."""
+    committer = WindowCommitter(agree=False)
+    said = " Last year there was very little left for the playground."
+    assert committer.update(hyp((0, 7.0, said)), True, False).trim_seconds == 7.0
+    assert committer.window_words == []
+    again = committer.update(hyp((0, None, " left for the playground. The children walk")), False, False)
+    assert again.text == "The children walk"
+    assert committer.window_words == ["left", "for", "the", "playground.", "The", "children", "walk"]
+    # Two words like the trimmed ones' last two are new speech.
+    fresh = WindowCommitter(agree=False, trimmed=["for", "the", "playground."])
+    assert fresh.update(hyp((0, 2.0, " The playground was closed.")), False, False).text == (
+        "The playground was closed."
+    )

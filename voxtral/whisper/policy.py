@@ -15,6 +15,7 @@ from voxtral.whisper.model import Hypothesis, Segment
 from voxtral.whisper.words import split_words
 
 _PUNCT = re.compile(r"[^\w']+")
+REHEARD_WORDS = 3
 
 
 def _norm(word: str) -> str:
@@ -104,6 +105,18 @@ class WindowCommitter:
     spaced: bool = True  # words are space-separated; else each character is one (Chinese, Japanese...)
     window_words: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
+    # Committed words the window start last moved past: Whisper may time a segment's end
+    # early, and a window trimmed there still holds its last words.
+    trimmed: list[str] = field(default_factory=list)
+
+    def _heard_again(self, words: list[str]) -> int:
+        """How many of the hypothesis's first words are the last trimmed ones, heard again
+        (at least `REHEARD_WORDS` in a row; fewer may be new speech that says the same)."""
+        said, before = [_norm(w) for w in words], [_norm(w) for w in self.trimmed]
+        for k in range(min(len(said), len(before)), REHEARD_WORDS - 1, -1):
+            if said[:k] == before[-k:]:
+                return k
+        return 0
 
     def _after_committed(self, words: list[str]) -> list[str]:
         """The hypothesis past the window's committed words, which it re-transcribes.
@@ -155,6 +168,8 @@ class WindowCommitter:
             words += seg_words
             word_ends += _estimate_word_ends(seg_words, segment.start, segment.end or window_seconds)
             segment_ends.append((len(words), segment.end))
+        if not self.window_words:  # nothing forced: the trimmed words' audio may be heard again
+            self.window_words = words[: self._heard_again(words)]
         tail = self._after_committed(words)
         agreed = len(tail)
         if not commit_all and self.agree:
@@ -178,7 +193,7 @@ class WindowCommitter:
         joiner = " " if self.spaced else ""
         interim = joiner.join(self.pending)
         if clear:
-            self.window_words, self.pending = [], []
+            self.window_words, self.pending, self.trimmed = [], [], []
             return WindowCommit(joiner.join(committed), end_seconds, clear=True, interim=interim)
         trim, consumed = 0.0, 0
         for through, end in segment_ends if may_trim or force_trim else []:
@@ -186,7 +201,7 @@ class WindowCommitter:
                 trim = end
                 consumed = through
         if trim > 0:
-            self.window_words = self.window_words[consumed:]
+            self.trimmed, self.window_words = self.window_words[:consumed], self.window_words[consumed:]
         return WindowCommit(
             joiner.join(committed), end_seconds, trim_seconds=trim, consumed_words=consumed, interim=interim
         )
