@@ -225,13 +225,15 @@ def drop_repetition(segments: list[Segment], max_ratio: float) -> list[Segment]:
     temperature, which a re-decoded window does anyway one update later.
     """
     kept: list[Segment] = []
+    seen: set[str] = set()
     said: set[tuple[str, ...]] = set()  # every run of LOOP_WORDS words of the kept segments
     for segment in segments:
+        key = segment.text.strip().lower()
         words = [_norm(w) for w in segment.text.split()]
         runs = {tuple(words[i : i + LOOP_WORDS]) for i in range(len(words) - LOOP_WORDS + 1)}
-        repeated = any(segment.text.strip().lower() == k.text.strip().lower() for k in kept)
-        if repeated or runs & said or compression_ratio(segment.text) > max_ratio:
+        if key in seen or runs & said or compression_ratio(segment.text) > max_ratio:
             break
+        seen.add(key)
         said |= runs
         kept.append(segment)
     return kept
