@@ -4,6 +4,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from benchmarks.text import word_error_rate
 from voxtral.audio import normalize_log_mel, raw_log_mel
+from voxtral.whisper.loop_guard import LoopGuard
 from voxtral.whisper.words import TokenWords
 
 NOTHING = np.zeros(0, np.float32)
@@ -81,3 +82,19 @@ def test_int8_decoder_transcribes_as_the_float32_one(whisper_dir, whisper_model,
         assert len(exact.text.split()) > 8
         assert word_error_rate(exact.text, fast.text) <= 0.05, (exact.text, fast.text)
         assert len(fast.frames) == len(fast.token_ids)
+
+
+def test_a_row_saying_again_a_run_of_its_own_stops_before_the_repeat():
+    eot, ts = 100, 150  # ids at and past end-of-text are not text
+    forced = [ts, *range(10), ts, ts]
+    guard = LoopGuard(forced, eot)
+    # Seven of the forced tokens in a row, then another: not yet a loop; eight: a loop.
+    new = [20, 21, ts, ts, *range(7), 30, *range(8)]
+    fired = [i for i, token in enumerate(new) if guard.repeats(token)]
+    assert fired == [len(new) - 1]
+    tokens, frames = forced + new, list(range(len(new)))
+    assert guard.drop_run(tokens, frames, len(new)) == 8
+    assert tokens == forced + new[:-8] and frames == list(range(len(new) - 8))
+    # A repeat of the forced tokens alone cuts no forced token.
+    tokens = [*forced, 0]
+    assert guard.drop_run(tokens, [0], 1) == 1 and tokens == forced

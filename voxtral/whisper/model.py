@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from voxtral.errors import WeightsError
 from voxtral.whisper.alignment import AlignmentHeads
+from voxtral.whisper.loop_guard import LoopGuard
 
 SECONDS_PER_TIMESTAMP = 0.02
 MULTILINGUAL_VOCAB_SIZE = 51865
@@ -180,7 +181,8 @@ class WhisperModel:
         `forced` tokens are a row's known start (text it already committed for this
         window): they are read in one pass and decoding continues after them, after each
         row's `prompt` (default: English). Rows differ in length: they are left-padded,
-        masked, and given their own positions.
+        masked, and given their own positions. A row that starts repeating itself stops
+        there, the repeat dropped (`LoopGuard`).
         """
         batch = len(max_new_tokens)
         forced = forced or [[] for _ in range(batch)]
@@ -202,6 +204,7 @@ class WhisperModel:
         sum_logprob = [0.0] * batch
         done = [False] * batch
         no_speech_prob: list[float] = []
+        guards = [LoopGuard(f, self.eot) for f in forced]
         for step in range(max(max_new_tokens)):
             hidden = self.model.model.decoder(
                 input_ids=input_ids,
@@ -234,6 +237,9 @@ class WhisperModel:
                 frames[row].append(heard_at[row])
                 num_new[row] += 1
                 if num_new[row] >= max_new_tokens[row]:
+                    done[row] = True
+                if guards[row].repeats(token):
+                    num_new[row] -= guards[row].drop_run(generated[row], frames[row], num_new[row])
                     done[row] = True
             if all(done):
                 break

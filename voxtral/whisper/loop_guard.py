@@ -1,0 +1,39 @@
+"""Whisper's failure mode, seen while it decodes: a row saying again what it said."""
+
+# A row that says again this many text tokens in a row of its own is looping (Whisper's
+# failure mode, worst on silence after speech): it stops before the repeat instead of
+# running to its token budget, a pass per token for the whole batch.
+LOOP_TOKENS = 8
+
+
+class LoopGuard:
+    """Spots a row of decoding that says again `LOOP_TOKENS` text tokens in a row of its own."""
+
+    def __init__(self, tokens: list[int], eot: int) -> None:
+        self.eot = eot
+        self.text: list[int] = []
+        self.runs: set[tuple[int, ...]] = set()
+        for token in tokens:
+            self.repeats(token)
+
+    def repeats(self, token: int) -> bool:
+        """Whether `token` ends a run said before (timestamps and special tokens are not text)."""
+        if token >= self.eot:
+            return False
+        self.text.append(token)
+        run = tuple(self.text[-LOOP_TOKENS:])
+        if run in self.runs:
+            return True
+        if len(run) == LOOP_TOKENS:
+            self.runs.add(run)
+        return False
+
+    def drop_run(self, tokens: list[int], frames: list[int], generated: int) -> int:
+        """Drop the repeated run ending `tokens` (and its `frames`), at most the last
+        `generated` tokens; how many went."""
+        cut = text = 0
+        while text < LOOP_TOKENS and cut < generated:
+            cut += 1
+            text += tokens[-cut] < self.eot
+        del tokens[len(tokens) - cut :], frames[len(frames) - cut :]
+        return cut
