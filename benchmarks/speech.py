@@ -76,7 +76,9 @@ def synthesize(engine: str, voice: str, rate: int, text: str, tmp: Path) -> np.n
         subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(raw)], check=True)
     else:
         subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate), "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(wav)], check=True)
+    # -D: sox dithers when it resamples (espeak-ng speaks at 22 kHz), a new noise every run.
+    resample = ["sox", "-D", str(raw), "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(wav)]
+    subprocess.run(resample, check=True)
     audio = load_audio_file(wav)
     voiced = np.flatnonzero(np.abs(audio) > 0.01)
     return audio[voiced[0] : voiced[-1] + 1] if len(voiced) else audio

@@ -23,7 +23,8 @@ def espeak(text: str, path: Path, voice: str = "en-us", rate: int = 150, gap: in
     subprocess.run(
         ["espeak-ng", "-v", voice, "-s", str(rate), "-g", str(gap), "-w", str(raw), text], check=True
     )
-    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
+    # -D: no dither when resampling from espeak-ng's 22 kHz: the same audio every run.
+    subprocess.run(["sox", "-D", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
     return load_audio_file(path)
 
 
