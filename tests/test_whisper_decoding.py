@@ -92,9 +92,10 @@ def test_a_row_saying_again_a_run_of_its_own_stops_before_the_repeat():
     new = [20, 21, ts, ts, *range(7), 30, *range(8)]
     fired = [i for i, token in enumerate(new) if guard.repeats(token)]
     assert fired == [len(new) - 1]
+    # The segment the repeat began in goes whole, its first words too (the model made them up).
     tokens, frames = forced + new, list(range(len(new)))
-    assert guard.drop_run(tokens, frames, len(new)) == 8
-    assert tokens == forced + new[:-8] and frames == list(range(len(new) - 8))
-    # A repeat of the forced tokens alone cuts no forced token.
-    tokens = [*forced, 0]
-    assert guard.drop_run(tokens, [0], 1) == 1 and tokens == forced
+    assert guard.drop_loop(tokens, frames, len(new)) == len(new) - 4
+    assert tokens == forced + new[:4] and frames == list(range(4))
+    # A segment begun in the forced tokens loses only what was generated.
+    tokens = [*forced[:-2], 0]
+    assert guard.drop_loop(tokens, [0], 1) == 1 and tokens == forced[:-2]

@@ -28,11 +28,13 @@ class LoopGuard:
             self.runs.add(run)
         return False
 
-    def drop_run(self, tokens: list[int], frames: list[int], generated: int) -> int:
-        """Drop the repeated run ending `tokens` (and its `frames`), at most the last
-        `generated` tokens; how many went."""
+    def drop_loop(self, tokens: list[int], frames: list[int], generated: int) -> int:
+        """Drop the segment in which the repeat ending `tokens` began (and their `frames`),
+        as `drop_repetition` drops a segment repeating an earlier one: what the model said
+        before a loop in the same segment is as made up. At most the last `generated`
+        tokens go; how many did."""
         cut = text = 0
-        while text < LOOP_TOKENS and cut < generated:
+        while cut < generated and (text < LOOP_TOKENS or tokens[-cut - 1] < self.eot):
             cut += 1
             text += tokens[-cut] < self.eot
         del tokens[len(tokens) - cut :], frames[len(frames) - cut :]

@@ -239,7 +239,7 @@ class WhisperModel:
                 if num_new[row] >= max_new_tokens[row]:
                     done[row] = True
                 if guards[row].repeats(token):
-                    num_new[row] -= guards[row].drop_run(generated[row], frames[row], num_new[row])
+                    num_new[row] -= guards[row].drop_loop(generated[row], frames[row], num_new[row])
                     done[row] = True
             if all(done):
                 break
