@@ -84,7 +84,7 @@ def test_int8_decoder_transcribes_as_the_float32_one(whisper_dir, whisper_model,
         assert len(fast.frames) == len(fast.token_ids)
 
 
-def test_a_row_saying_again_a_run_of_its_own_stops_before_the_repeat():
+def test_a_row_saying_again_a_run_of_its_own_stops_and_loses_the_segment_it_began_in():
     eot, ts = 100, 150  # ids at and past end-of-text are not text
     forced = [ts, *range(10), ts, ts]
     guard = LoopGuard(forced, eot)

@@ -1,8 +1,8 @@
 """Whisper's failure mode, seen while it decodes: a row saying again what it said."""
 
 # A row that says again this many text tokens in a row of its own is looping (Whisper's
-# failure mode, worst on silence after speech): it stops before the repeat instead of
-# running to its token budget, a pass per token for the whole batch.
+# failure mode, worst on silence after speech): it stops there instead of running to
+# its token budget, a pass per token for the whole batch.
 LOOP_TOKENS = 8
 
 

@@ -182,7 +182,7 @@ class WhisperModel:
         window): they are read in one pass and decoding continues after them, after each
         row's `prompt` (default: English). Rows differ in length: they are left-padded,
         masked, and given their own positions. A row that starts repeating itself stops
-        there, the repeat dropped (`LoopGuard`).
+        there, the segment the repeat began in dropped (`LoopGuard`).
         """
         batch = len(max_new_tokens)
         forced = forced or [[] for _ in range(batch)]
