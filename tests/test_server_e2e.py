@@ -224,7 +224,10 @@ def test_client_that_stops_reading_is_closed(whisper_model):
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing
         sock.connect(("127.0.0.1", harness.server.port))
-        ws = harness.connect(sock=sock, max_queue=1)
+        # Without compression: deflate shrank the server's identical error events to a few
+        # bytes each, and filling its socket buffer took ~50 s. No keepalive: a client that
+        # reads nothing never sees a pong, and would hang up itself after 40 s.
+        ws = harness.connect(sock=sock, max_queue=1, compression=None, ping_interval=None)
         # Every bad message earns an error event the client never reads; once the socket
         # buffers and the outbox are full, the server gives up on it.
         junk = json.dumps({"type": "y" * 200})
