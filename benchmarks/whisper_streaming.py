@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import time
+from difflib import SequenceMatcher
 
 import numpy as np
 import torch
@@ -44,21 +45,14 @@ from voxtral.whisper.runner import WhisperRunner
 from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir
 
 KEEP_UP_SECONDS = 3.0
-LOOKAHEAD_WORDS = 4
 
 
 def matched(words: list[str], text: str) -> set[int]:
-    """Reference words that `text` shows: walked in order, each word matched to the next
-    reference word with the same letters within a few words (a misheard word is skipped)."""
-    reference = [normalize_words(w) for w in words]
-    found, cursor = set(), 0
-    for word in normalize_words(text):
-        for j in range(cursor, min(cursor + LOOKAHEAD_WORDS, len(words))):
-            if reference[j] == [word]:
-                found.add(j)
-                cursor = j + 1
-                break
-    return found
+    """Reference words that `text` shows: the words of the two, aligned as a diff, that agree.
+    A misheard or missing stretch of any length costs only its own words."""
+    reference = [" ".join(normalize_words(w)) for w in words]
+    blocks = SequenceMatcher(None, reference, normalize_words(text), autojunk=False).get_matching_blocks()
+    return {b.a + k for b in blocks for k in range(b.size)}
 
 
 def stable_since(words: list[str], snapshots: list[tuple[float, str]]) -> dict[int, float]:
