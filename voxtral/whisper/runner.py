@@ -43,11 +43,11 @@ class WhisperStream:
     # uncommitted tail is generated and committed text cannot change under the policy.
     prefix: list[int] = field(default_factory=list)
     has_text: bool = False  # something was committed: the next words follow a space
-    # Turns heard and not yet committed whole, oldest first. The VAD reads all audio that
-    # has arrived, so a client sending faster than real time can be several turns ahead
-    # of the positions a step decodes: each is committed whole in its turn.
+    # Turns heard and not yet committed whole, oldest first: a client sending faster than
+    # real time can be several turns ahead of the positions a step decodes.
     turns: deque[Speech] = field(default_factory=deque)
     heard_until: int = 0  # where the last turn's window ended
+    decoded_until: int = 0  # the end of the last window decoded
     language: str | None = None  # None until a multilingual model detects it
     task: str = "transcribe"
 
@@ -129,9 +129,8 @@ class WhisperRunner:
         state.turns.append(Speech(position))
 
     def _leave_silence(self, state: WhisperStream, until: int) -> None:
-        """The window need not hold the silence before `until`: past the context's time the
-        last turn is dropped, and a window without one keeps only a short lead-in (the VAD
-        reports a start a little late, and a soft onset may sit before it)."""
+        """The window need not hold the silence before `until`: past the context's time the last
+        turn is dropped, and a window without one keeps a lead-in (the VAD reports starts late)."""
         p = self.policy
         if state.committer.window_words and (
             until - state.heard_until > p.context_silence_seconds * POSITIONS_PER_SECOND
@@ -160,9 +159,8 @@ class WhisperRunner:
             for s in out.scheduled
         }
         due = list(step.values())
-        # Rounds: an utterance whose window committed a turn whole, with more turns heard
-        # behind it, is planned again on the same audio (only a faster-than-real-time
-        # client gets there).
+        # Rounds: a window that committed a turn whole, with more turns heard behind it, is
+        # planned again on the same audio (only a faster-than-real-time client gets there).
         while due:
             windows = []
             for request, state, end, final in due:
@@ -199,7 +197,8 @@ class WhisperRunner:
             state.turns.popleft()
         else:
             least = p.min_decode_seconds if state.language else p.detect_language_seconds
-            if end - turn.start < least * POSITIONS_PER_SECOND:
+            heard_enough = end - turn.start >= least * POSITIONS_PER_SECOND
+            if not heard_enough or end - state.decoded_until < p.update_seconds * POSITIONS_PER_SECOND:
                 return None
         if end <= state.window_start:
             return None
@@ -208,6 +207,7 @@ class WhisperRunner:
         raw = torch.cat([self.store[item.mm_hash] for item in items], dim=1)
         raw = raw[:, state.window_start - items[0].offset : end - items[0].offset]
         ended = turn.stop is not None or final
+        state.decoded_until = end
         heard = (end - turn.start) / POSITIONS_PER_SECOND
         return _Window(request, state, raw, end, final and not state.turns, ended, items, heard)
 
