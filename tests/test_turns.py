@@ -187,7 +187,7 @@ def test_a_turn_shows_interim_text_before_any_of_it_may_be_committed(whisper_run
     events = stream_stepped(Engine(whisper_runner), audio, 800, finish=False)  # 50 ms chunks
     interim = next(sent for sent, e in events if isinstance(e, Interim) and e.text)
     delta = next(sent for sent, e in events if isinstance(e, Delta))
-    # Items are 0.5 s: a turn is first decoded within an item of the least speech decoded.
+    # A turn is first decoded within an item (0.1 s) of the least speech decoded.
     assert interim < start + policy.min_decode_seconds + policy.chunk_seconds + 0.1, events
     assert delta > start + policy.min_commit_seconds - 0.1, events
 

@@ -180,7 +180,7 @@ class WhisperRunner:
 
     def _plan(self, request: Request, state: WhisperStream, end: int, final: bool) -> _Window | None:
         """The window to decode this step, if any: the oldest turn heard, once its end (and a
-        short tail) has arrived, to commit whole; or the turn going on, long enough to be heard."""
+        short tail) has arrived, to commit whole; or the turn going on, heard long and newly enough."""
         p = self.policy
         turn = state.turns[0] if state.turns else None
         if turn is None or end <= turn.start:
