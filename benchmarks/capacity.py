@@ -14,14 +14,15 @@ engines, pauses, noise on every other one).
 import argparse
 import asyncio
 import json
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
-from websockets.exceptions import InvalidStatus
 
+from benchmarks.client_process import Refused, client_process, stream_sessions
 from benchmarks.speech import Passage, passage
 from benchmarks.whisper_streaming import percentile, snapshots, word_latencies
-from clients.connection import open_connection, stream_utterance
+from clients.connection import Utterance
 from realtime.config import EngineConfig
 from realtime.engine import Engine
 from realtime.logs import configure_logging
@@ -32,28 +33,12 @@ from voxtral.whisper.runner import WhisperRunner
 from voxtral.whisper.weights import default_whisper_dir
 
 
-async def run(model: WhisperModel, passages: list[Passage]) -> dict:
+async def run(model: WhisperModel, passages: list[Passage], clients: ProcessPoolExecutor) -> dict:
     server = RealtimeServer(
         Engine(WhisperRunner(model), EngineConfig()), ServerConfig(port=0), set(), "tiny.en"
     )
     await server.start()
     url = f"ws://127.0.0.1:{server.port}/v1/realtime"
-
-    async def one(p: Passage) -> dict:
-        try:
-            connection = await open_connection(url)
-        except InvalidStatus as exc:
-            body = json.loads(exc.response.body)
-            return {
-                "refused": [exc.response.status_code, body["code"], exc.response.headers.get("Retry-After")]
-            }
-        async with connection:
-            result = await stream_utterance(connection, p.audio, chunk_ms=100, speed=1.0)
-        committed, _ = snapshots(result.deltas, [])
-        return {
-            "committed": word_latencies(p, committed),
-            "final": result.done_at - len(p.audio) / SAMPLE_RATE,
-        }
 
     lags: list[float] = []
 
@@ -63,18 +48,21 @@ async def run(model: WhisperModel, passages: list[Passage]) -> dict:
             lags.append(server.admission.lag_seconds)
 
     sampler = asyncio.create_task(sample_lag())
-    runs = await asyncio.gather(*(one(p) for p in passages))
+    results = await asyncio.get_running_loop().run_in_executor(
+        clients, stream_sessions, url, [p.audio for p in passages]
+    )
     sampler.cancel()
     await server.drain_and_stop()
-    admitted = [r for r in runs if "refused" not in r]
-    committed = [x for r in admitted for x in r["committed"]]
+    admitted = [(p, r) for p, r in zip(passages, results, strict=True) if isinstance(r, Utterance)]
+    committed = [x for p, r in admitted for x in word_latencies(p, snapshots(r.deltas, [])[0])]
+    refused = {(r.status, r.code, r.retry_after) for r in results if isinstance(r, Refused)}
     return {
         "sessions": len(passages),
         "admitted": len(admitted),
-        "refused": sorted({tuple(r["refused"]) for r in runs if "refused" in r}),
+        "refused": sorted(refused),
         "committed_p50_s": percentile(committed, 50),
         "committed_p95_s": percentile(committed, 95),
-        "final_after_audio_s": sorted(round(r["final"], 2) for r in admitted),
+        "final_after_audio_s": sorted(round(r.done_at - len(p.audio) / SAMPLE_RATE, 2) for p, r in admitted),
         "max_lag_s": round(max(lags, default=0.0), 2),
         "lag_last_half_max_s": round(max(lags[len(lags) // 2 :], default=0.0), 2),
         "passage_seconds": round(float(np.mean([len(p.audio) / SAMPLE_RATE for p in passages])), 1),
@@ -90,7 +78,8 @@ def main() -> None:
     float32 = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32)
     passages = [passage(float32, i) for i in range(args.sessions)]  # word ends from the float32 model
     model = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32, int8_decoder=True)
-    print(json.dumps(asyncio.run(run(model, passages))))
+    with client_process() as clients:
+        print(json.dumps(asyncio.run(run(model, passages, clients))))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Prints one JSON line. Each of N sessions streams its own ~50 s passage
 (`benchmarks/speech.py`: long sentences, several voices of two engines, pauses, noise)
-over a real socket in 100 ms chunks paced like a microphone. Per word, latency is the
+over a real socket in 100 ms chunks paced like a microphone, from a client process of
+its own (`benchmarks/client_process.py`). Per word, latency is the
 time it first appears and stays, minus its end in the audio (the model's own forced
 alignment): in the committed text (`transcription.delta`) and in what the user sees
 (committed text plus the `transcription.interim` tail). Also: WER of the final text
@@ -24,15 +25,17 @@ import argparse
 import asyncio
 import json
 import time
+from concurrent.futures import ProcessPoolExecutor
 from difflib import SequenceMatcher
 
 import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
 
+from benchmarks.client_process import client_process, stream_sessions
 from benchmarks.speech import Passage, passage
 from benchmarks.text import normalize_words, word_error_rate
-from clients.connection import open_connection, stream_utterance
+from clients.connection import Utterance
 from realtime.capacity import CapacityConfig
 from realtime.config import EngineConfig
 from realtime.engine import Engine
@@ -73,14 +76,18 @@ def word_latencies(p: Passage, snapshots: list[tuple[float, str]]) -> list[float
 
 
 def snapshots(deltas: list[tuple[float, str]], interims: list[tuple[float, str]]):
-    """The committed text after each delta, and what the user sees after every event."""
+    """The committed text after each delta, and what the user sees after every event.
+
+    As the wire says: an interim replaces the last one, and a delta leaves it alone (the
+    server sends the new tail right behind a delta that changed it). A client that cleared
+    the tail at a delta would blink the words after it until that interim arrives.
+    """
     events = sorted([(t, "delta", x) for t, x in deltas] + [(t, "interim", x) for t, x in interims])
     committed, tail = "", ""
     committed_at, shown_at = [], []
     for at, kind, text in events:
         if kind == "delta":
             committed += text
-            tail = ""  # the server sends a new interim after a delta when one remains
             committed_at.append((at, committed))
         else:
             tail = text
@@ -116,8 +123,13 @@ def english(model: WhisperModel) -> dict:
 
 
 async def run_voxrt(
-    model: WhisperModel, policy: WhisperPolicy, passages: list[Passage], language: str | None
+    model: WhisperModel,
+    policy: WhisperPolicy,
+    passages: list[Passage],
+    language: str | None,
+    clients: ProcessPoolExecutor,
 ) -> dict:
+    """The passages streamed at once by `clients` (a `client_process`) to a server in this process."""
     n = len(passages)
     # N sessions however many measured capacity would admit, none shed: this measures the
     # policy under load (`benchmarks/capacity.py` measures admission).
@@ -128,23 +140,25 @@ async def run_voxrt(
     server = RealtimeServer(engine, ServerConfig(port=0, max_sessions=n), {"whisper"}, "whisper-tiny.en")
     await server.start()
     url = f"ws://127.0.0.1:{server.port}/v1/realtime"
-
-    async def one(p: Passage) -> dict:
-        async with await open_connection(url) as connection:
-            result = await stream_utterance(connection, p.audio, 100, 1.0, interim=True, language=language)
-        committed, shown = snapshots(result.deltas, result.interims)
-        return {
-            "passage": p,
-            "text": result.text,
-            "committed": word_latencies(p, committed),
-            "shown": word_latencies(p, shown),
-            "finish_lag": result.done_at - len(p.audio) / SAMPLE_RATE,
-        }
-
     started = time.monotonic()
-    runs = await asyncio.gather(*(one(p) for p in passages))
+    results = await asyncio.get_running_loop().run_in_executor(
+        clients, stream_sessions, url, [p.audio for p in passages], True, language
+    )
     wall = time.monotonic() - started
     await server.drain_and_stop()
+    runs = []
+    for p, result in zip(passages, results, strict=True):
+        assert isinstance(result, Utterance), result  # every session is admitted
+        committed, shown = snapshots(result.deltas, result.interims)
+        runs.append(
+            {
+                "passage": p,
+                "text": result.text,
+                "committed": word_latencies(p, committed),
+                "shown": word_latencies(p, shown),
+                "finish_lag": result.done_at - len(p.audio) / SAMPLE_RATE,
+            }
+        )
     return summarize(runs, busy[0], wall)
 
 
@@ -271,11 +285,13 @@ def main() -> None:
         "offline_wer": {str(n): round(float(np.mean(offline[:n])), 4) for n in counts},
         "offline_wer_float32": {str(n): round(float(np.mean(offline_float32[:n])), 4) for n in counts},
     }
-    for name in args.policies.split(","):
-        policy = WhisperPolicy(commit_policy=name)
-        out[name] = {
-            str(n): asyncio.run(run_voxrt(model, policy, passages[:n], args.language)) for n in counts
-        }
+    with client_process() as clients:
+        for name in args.policies.split(","):
+            policy = WhisperPolicy(commit_policy=name)
+            out[name] = {
+                str(n): asyncio.run(run_voxrt(model, policy, passages[:n], args.language, clients))
+                for n in counts
+            }
     if not args.no_baseline:
         out["baseline"] = {}
         for n in counts:
