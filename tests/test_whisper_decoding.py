@@ -4,6 +4,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from benchmarks.text import word_error_rate
 from voxtral.audio import normalize_log_mel, raw_log_mel
+from voxtral.whisper.cross_mask import pad_states
 from voxtral.whisper.loop_guard import LoopGuard
 from voxtral.whisper.words import TokenWords
 
@@ -46,6 +47,22 @@ def test_batched_decoding_with_forced_prefixes_is_batch_invariant(whisper_model,
     for a, b in zip(together, alone, strict=True):
         assert a.token_ids == b.token_ids
         assert abs(a.avg_logprob - b.avg_logprob) < 1e-3
+
+
+def test_windows_of_different_lengths_decoded_together_read_only_their_own_frames(whisper_model, welcome):
+    samples, _ = welcome
+    short, long = features(samples[:48000], 1000), features(samples[16000:160000], 1500)
+    states, lengths = pad_states([whisper_model.encode(f)[0] for f in (short, long)])
+    assert lengths == [500, 750] and states.shape[1] == 750
+    together = whisper_model.decode(states, [60, 60], lengths=lengths)
+    alone = [whisper_model.decode(whisper_model.encode(f), [60])[0] for f in (short, long)]
+    for a, b in zip(together, alone, strict=True):
+        assert len(a.token_ids) > 5, "each window must say something"
+        assert a.token_ids == b.token_ids and a.frames == b.frames
+        assert abs(a.avg_logprob - b.avg_logprob) < 1e-4
+    # The short row without its mask reads the padding: the mask is what makes them equal.
+    unmasked = whisper_model.decode(states[:1], [60])[0]
+    assert (unmasked.token_ids, unmasked.avg_logprob) != (alone[0].token_ids, alone[0].avg_logprob)
 
 
 def test_window_prefix_cuts_at_words_and_shifts_timestamps(whisper_model):

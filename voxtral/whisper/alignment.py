@@ -30,9 +30,12 @@ class AlignmentHeads:
 
         return keep
 
-    def weights(self, cache: EncoderDecoderCache, last_only: bool = False) -> torch.Tensor:
+    def weights(
+        self, cache: EncoderDecoderCache, last_only: bool = False, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(batch, heads, tokens, frames): the heads' attention for the last decoder call's
-        tokens (only its last token with `last_only`)."""
+        tokens (only its last token with `last_only`), `mask` added to the scores
+        (`CrossAttentionMask`: rows padded to the longest)."""
         out = []
         for layer, heads in self.heads_by_layer.items():
             attention = self.decoder.layers[layer].encoder_attn
@@ -43,9 +46,10 @@ class AlignmentHeads:
             )
             query = query[:, :, heads].transpose(1, 2)
             keys = cache.cross_attention_cache.layers[layer].keys[:, heads]
-            out.append(torch.softmax((query @ keys.transpose(-1, -2)).float(), dim=-1))
+            scores = (query @ keys.transpose(-1, -2)).float()
+            out.append(torch.softmax(scores if mask is None else scores + mask.float(), dim=-1))
         return torch.cat(out, dim=1)
 
-    def frames(self, cache: EncoderDecoderCache) -> torch.Tensor:
+    def frames(self, cache: EncoderDecoderCache, mask: torch.Tensor | None = None) -> torch.Tensor:
         """(batch,): the encoder frame the heads, together, attend to most from the last token."""
-        return self.weights(cache, last_only=True)[:, :, -1].mean(dim=1).argmax(dim=-1)
+        return self.weights(cache, True, mask)[:, :, -1].mean(dim=1).argmax(dim=-1)

@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from voxtral.errors import WeightsError
 from voxtral.whisper.alignment import AlignmentHeads
+from voxtral.whisper.cross_mask import CrossAttentionMask
 from voxtral.whisper.loop_guard import LoopGuard
 
 SECONDS_PER_TIMESTAMP = 0.02
@@ -89,6 +90,7 @@ class WhisperModel:
         if not generation.alignment_heads:
             raise WeightsError(f"{path / 'generation_config.json'} lists no alignment_heads")
         self.alignment = AlignmentHeads(self.model.model.decoder, generation.alignment_heads)
+        self.cross_mask = CrossAttentionMask(self.model.model.decoder)
 
     def _language_ids(self) -> dict[str, int]:
         """Language tokens follow <|startoftranscript|>: <|en|>, <|zh|>, ... up to <|translate|>."""
@@ -107,10 +109,13 @@ class WhisperModel:
         return [self.sot, self.language_ids[language or "en"], self.task_ids[task]]
 
     @torch.inference_mode()
-    def detect_language(self, encoder_states: torch.Tensor) -> list[tuple[str, float]]:
+    def detect_language(
+        self, encoder_states: torch.Tensor, lengths: list[int] | None = None
+    ) -> list[tuple[str, float]]:
         """Per row, the likeliest language token after <|startoftranscript|> and its probability."""
         start = torch.full((encoder_states.shape[0], 1), self.sot, device=self.device)
-        hidden = self.model.model.decoder(input_ids=start, encoder_hidden_states=encoder_states)
+        with self.cross_mask.reading(encoder_states, lengths):
+            hidden = self.model.model.decoder(input_ids=start, encoder_hidden_states=encoder_states)
         logits = self.model.proj_out(hidden.last_hidden_state[:, -1]).float()
         codes = list(self.language_ids)
         probs = torch.softmax(logits[:, list(self.language_ids.values())], dim=-1)
@@ -168,22 +173,34 @@ class WhisperModel:
         text_logprob = logprobs[:, :tb].max(dim=-1).values
         scores[:, :tb].masked_fill_((timestamp_logprob > text_logprob).unsqueeze(-1), -torch.inf)
 
-    @torch.inference_mode()
     def decode(
         self,
         encoder_states: torch.Tensor,
         max_new_tokens: list[int],
         forced: list[list[int]] | None = None,
         prompts: list[list[int]] | None = None,
+        lengths: list[int] | None = None,
     ) -> list[Hypothesis]:
         """Greedy decoding with timestamps for a batch of windows, one KV cache for all rows.
 
         `forced` tokens are a row's known start (text it already committed for this
         window): they are read in one pass and decoding continues after them, after each
         row's `prompt` (default: English). Rows differ in length: they are left-padded,
-        masked, and given their own positions. A row that starts repeating itself stops
-        there, the segment the repeat began in dropped (`LoopGuard`).
+        masked, and given their own positions; row i reads its first `lengths[i]` encoder
+        states (None: all). A row that starts repeating itself stops there, the segment
+        the repeat began in dropped (`LoopGuard`).
         """
+        with self.cross_mask.reading(encoder_states, lengths):
+            return self._decode(encoder_states, max_new_tokens, forced, prompts)
+
+    @torch.inference_mode()
+    def _decode(
+        self,
+        encoder_states: torch.Tensor,
+        max_new_tokens: list[int],
+        forced: list[list[int]] | None,
+        prompts: list[list[int]] | None,
+    ) -> list[Hypothesis]:
         batch = len(max_new_tokens)
         forced = forced or [[] for _ in range(batch)]
         prompts = prompts or [self.prompt(None)] * batch
@@ -215,7 +232,7 @@ class WhisperModel:
                 use_cache=True,
             ).last_hidden_state
             scores = self.model.proj_out(hidden[:, -1]).float()
-            heard_at = self.alignment.frames(cache).tolist()
+            heard_at = self.alignment.frames(cache, self.cross_mask.mask).tolist()
             if step == 0:
                 at_sot = self.model.proj_out(hidden[torch.arange(batch), sot_index]).float()
                 no_speech_prob = torch.softmax(at_sot, dim=-1)[:, self.no_speech].tolist()

@@ -86,6 +86,13 @@ class WhisperPolicy:
     max_compression_ratio: float = 2.4
     tokens_per_second: float = 6.0
 
+    def encoder_frames(self, window: int, per_second: int, most: int) -> int:
+        """Mel frames the encoder reads for a window of `window`: the window and the tail's
+        silence, rounded up to the bucket, at least the minimum and at most `most`."""
+        bucket = round(self.encoder_bucket_seconds * per_second)
+        padded = -(-(window + round(self.tail_pad_seconds * per_second)) // bucket) * bucket
+        return min(most, max(round(self.min_encoder_seconds * per_second), padded))
+
 
 @dataclass
 class WindowCommit:

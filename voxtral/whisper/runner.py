@@ -16,6 +16,7 @@ import torch
 from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
 from voxtral.runner import StepResult, Transcription, UtteranceOutput, run_now
+from voxtral.whisper.cross_mask import pad_states
 from voxtral.whisper.model import Hypothesis, WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter, drop_repetition
 from voxtral.whisper.words import TokenWords, is_spaced
@@ -215,25 +216,16 @@ class WhisperRunner:
         if not windows:
             return {}
         p = self.policy
-        longest = max(w.raw.shape[1] for w in windows) + int(p.tail_pad_seconds * POSITIONS_PER_SECOND)
-        bucket = int(p.encoder_bucket_seconds * POSITIONS_PER_SECOND)
-        frames = max(int(p.min_encoder_seconds * POSITIONS_PER_SECOND), -(-longest // bucket) * bucket)
-        frames = min(frames, self.model.max_frames)
-        features = torch.stack([normalize_log_mel(w.raw[:, :frames], frames) for w in windows])
-        states = self.model.encode(features)
-        self._detect_languages(windows, states)
+        # Each window is encoded at its own length: its text does not depend on the windows beside it.
+        states, lengths = pad_states([self._encode(w) for w in windows])
+        self._detect_languages(windows, states, lengths)
         # No previous-text prompt (<|startofprev|>): with one, tiny.en skips the prompted
         # words and stops closing timestamps, and the window could no longer be trimmed.
-        budgets = [
-            min(
-                self.model.max_target_positions // 2,
-                int(w.raw.shape[1] / POSITIONS_PER_SECOND * p.tokens_per_second) + 10,
-            )
-            for w in windows
-        ]
+        most, per_frame = self.model.max_target_positions // 2, p.tokens_per_second / POSITIONS_PER_SECOND
+        budgets = [min(most, int(w.raw.shape[1] * per_frame) + 10) for w in windows]
         forced = [w.state.prefix for w in windows]
         prompts = [self.model.prompt(w.state.language, w.state.task) for w in windows]
-        hyps = self.model.decode(states, budgets, forced, prompts)
+        hyps = self.model.decode(states, budgets, forced, prompts, lengths)
         out: dict[int, Hypothesis | None] = {}
         for window, hyp in zip(windows, hyps, strict=True):
             silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
@@ -241,12 +233,18 @@ class WhisperRunner:
             out[id(window)] = None if silent or not hyp.segments else hyp
         return out
 
-    def _detect_languages(self, windows: list[_Window], states: torch.Tensor) -> None:
+    def _encode(self, window: _Window) -> torch.Tensor:
+        """(frames, width): the window and the silence after it (`WhisperPolicy.encoder_frames`)."""
+        n = self.policy.encoder_frames(window.raw.shape[1], POSITIONS_PER_SECOND, self.model.max_frames)
+        return self.model.encode(normalize_log_mel(window.raw[:, :n], n)[None])[0]
+
+    def _detect_languages(self, windows: list[_Window], states: torch.Tensor, lengths: list[int]) -> None:
         """One decoder pass over the rows whose language is still unknown, batched."""
         rows = [row for row, w in enumerate(windows) if w.state.language is None]
         if not rows:
             return
-        for row, (language, probability) in zip(rows, self.model.detect_language(states[rows]), strict=True):
+        detected = self.model.detect_language(states[rows], [lengths[row] for row in rows])
+        for row, (language, probability) in zip(rows, detected, strict=True):
             state = windows[row].state
             state.language, state.committer.spaced = language, is_spaced(language)
             windows[row].detected = True
