@@ -15,7 +15,7 @@ second of new audio, runs transformers `generate` on its window padded to 30 s, 
 session after another, committing with LocalAgreement.
 
     .venv/bin/python -m benchmarks.whisper_streaming [--policies alignatt,local-agreement]
-        [--sessions 1,2,4,6,8] [--no-baseline] [--model whisper-base [--language en]]
+        [--sessions 1,2,4,6,8] [--repeats 1] [--no-baseline] [--model whisper-base [--language en]]
 
 Word end times come from tiny.en (float32) whichever model is measured: the same clock for both.
 With `--model whisper-base` sessions name `--language` (default: none, the model detects it).
@@ -100,7 +100,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarize(runs: list[dict], busy: float, wall: float) -> dict:
-    """`runs` of the first N passages; WER is each passage's, averaged, like `offline_wer`."""
+    """`runs` of the first N passages (of every repeat): words pooled; WER is each passage's,
+    averaged, like `offline_wer`."""
     committed = [x for r in runs for x in r["committed"]]
     shown = [x for r in runs for x in r["shown"]]
     words = sum(len(r["passage"].words) for r in runs)
@@ -128,8 +129,9 @@ async def run_voxrt(
     passages: list[Passage],
     language: str | None,
     clients: ProcessPoolExecutor,
-) -> dict:
-    """The passages streamed at once by `clients` (a `client_process`) to a server in this process."""
+) -> tuple[list[dict], float, float]:
+    """The passages streamed at once by `clients` (a `client_process`) to a server in this
+    process: per passage its text, word latencies and finish lag; the model's busy seconds; the wall."""
     n = len(passages)
     # N sessions however many measured capacity would admit, none shed: this measures the
     # policy under load (`benchmarks/capacity.py` measures admission).
@@ -159,7 +161,7 @@ async def run_voxrt(
                 "finish_lag": result.done_at - len(p.audio) / SAMPLE_RATE,
             }
         )
-    return summarize(runs, busy[0], wall)
+    return runs, busy[0], wall
 
 
 def run_baseline(model: WhisperModel, passages: list[Passage]) -> dict:
@@ -261,6 +263,9 @@ def main() -> None:
     parser.add_argument("--policies", default="alignatt,local-agreement")
     parser.add_argument("--sessions", default="1,2,4,6,8")
     parser.add_argument("--no-baseline", action="store_true")
+    # Where a step ends each session's windows changes what the model hears: at 4 sessions
+    # one run's WER moves ~2 points run to run. Repeats pool the words of several runs.
+    parser.add_argument("--repeats", type=int, default=1, help="runs per session count, pooled")
     parser.add_argument("--model", default=TINY_EN, help="an embedded model: whisper-tiny.en or whisper-base")
     parser.add_argument("--language", default=None, help="what whisper-base sessions name (default: none)")
     args = parser.parse_args()
@@ -280,6 +285,7 @@ def main() -> None:
     out: dict = {
         "model": args.model,
         "language": args.language,
+        "repeats": args.repeats,
         "passage_seconds": [round(len(p.audio) / SAMPLE_RATE, 1) for p in passages],
         "voices": [p.voice for p in passages],
         "offline_wer": {str(n): round(float(np.mean(offline[:n])), 4) for n in counts},
@@ -288,10 +294,15 @@ def main() -> None:
     with client_process() as clients:
         for name in args.policies.split(","):
             policy = WhisperPolicy(commit_policy=name)
-            out[name] = {
-                str(n): asyncio.run(run_voxrt(model, policy, passages[:n], args.language, clients))
-                for n in counts
-            }
+            out[name] = {}
+            for n in counts:
+                repeats = [
+                    asyncio.run(run_voxrt(model, policy, passages[:n], args.language, clients))
+                    for _ in range(args.repeats)
+                ]
+                runs = [run for passage_runs, _, _ in repeats for run in passage_runs]
+                out[name][str(n)] = summarize(runs, sum(r[1] for r in repeats), sum(r[2] for r in repeats))
+                out[name][str(n)]["wer_per_run"] = [summarize(r[0], r[1], r[2])["wer"] for r in repeats]
     if not args.no_baseline:
         out["baseline"] = {}
         for n in counts:
