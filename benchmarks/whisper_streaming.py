@@ -300,9 +300,10 @@ def main() -> None:
                     asyncio.run(run_voxrt(model, policy, passages[:n], args.language, clients))
                     for _ in range(args.repeats)
                 ]
-                runs = [run for passage_runs, _, _ in repeats for run in passage_runs]
-                out[name][str(n)] = summarize(runs, sum(r[1] for r in repeats), sum(r[2] for r in repeats))
-                out[name][str(n)]["wer_per_run"] = [summarize(r[0], r[1], r[2])["wer"] for r in repeats]
+                runs, busy, wall = zip(*repeats, strict=True)
+                pooled = summarize([run for each in runs for run in each], sum(busy), sum(wall))
+                pooled["wer_per_run"] = [summarize(*repeat)["wer"] for repeat in repeats]
+                out[name][str(n)] = pooled
     if not args.no_baseline:
         out["baseline"] = {}
         for n in counts:
