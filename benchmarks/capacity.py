@@ -77,7 +77,7 @@ def main() -> None:
     torch.set_num_threads(2)
     float32 = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32)
     passages = [passage(float32, i) for i in range(args.sessions)]  # word ends from the float32 model
-    model = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32, int8_decoder=True)
+    model = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32, int8=True)
     with client_process() as clients:
         print(json.dumps(asyncio.run(run(model, passages, clients))))
 

@@ -83,22 +83,24 @@ def test_window_prefix_cuts_at_words_and_shifts_timestamps(whisper_model):
     assert words_of.window_prefix(tokens, 2, 2, 2.0) == [ts(0.0), *today, ts(2.0)]
 
 
-def test_int8_decoder_transcribes_as_the_float32_one(whisper_dir, whisper_model, welcome):
+def test_int8_model_transcribes_as_the_float32_one(whisper_dir, whisper_model, welcome):
     """The CPU default (voxtral/loading.py) against the float32 model it is quantized from."""
     from voxtral.loading import load_model
 
     quantized = load_model(None, "cpu").runner.model
-    assert isinstance(quantized.model.proj_out, torch.ao.nn.quantized.dynamic.Linear)
+    dynamic = torch.ao.nn.quantized.dynamic.Linear
+    assert isinstance(quantized.model.proj_out, dynamic)
+    assert isinstance(quantized.model.model.encoder.layers[0].fc1, dynamic)
     assert isinstance(load_model(None, "cpu", "float32").runner.model.model.proj_out, torch.nn.Linear)
     samples, _ = welcome
-    batch = torch.cat([features(samples[:80000], 1000), features(samples[48000:160000], 1500)[..., :1000]])
-    states = whisper_model.encode(batch)
-    for exact, fast in zip(
-        whisper_model.decode(states, [80, 80]), quantized.decode(states, [80, 80]), strict=True
-    ):
-        assert len(exact.text.split()) > 8
-        assert word_error_rate(exact.text, fast.text) <= 0.05, (exact.text, fast.text)
-        assert len(fast.frames) == len(fast.token_ids)
+    # Whole sentences: a word cut at a window's end is a coin toss for either model.
+    batch = torch.cat([features(samples, 1300), features(samples[48000:], 1300)])
+    exact = whisper_model.decode(whisper_model.encode(batch), [120, 120])
+    fast = quantized.decode(quantized.encode(batch), [120, 120])
+    for hyp, int8_hyp in zip(exact, fast, strict=True):
+        assert len(hyp.text.split()) > 8
+        assert word_error_rate(hyp.text, int8_hyp.text) <= 0.05, (hyp.text, int8_hyp.text)
+        assert len(int8_hyp.frames) == len(int8_hyp.token_ids)
 
 
 def test_a_row_saying_again_a_run_of_its_own_stops_and_loses_the_segment_it_began_in():

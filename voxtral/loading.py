@@ -43,12 +43,12 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 
 def _whisper_model(path: Path, device: torch.device, dtype: str | None) -> WhisperModel:
     """On the CPU Whisper runs float32 (bfloat16 there is slower and less exact) with its
-    decoder int8 (the default, `int8`) or not (`float32`)."""
+    linear layers int8 (the default, `int8`) or not (`float32`)."""
     if device.type == "cuda":
         return WhisperModel(path, device, pick_dtype(dtype, device))
     if dtype not in (None, "int8", "float32"):
         raise WeightsError(f"--dtype {dtype}: Whisper on the CPU runs int8 or float32")
-    return WhisperModel(path, device, torch.float32, int8_decoder=dtype != "float32")
+    return WhisperModel(path, device, torch.float32, int8=dtype != "float32")
 
 
 def _model_type(path: Path) -> str:
