@@ -42,8 +42,8 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 
 
 def _whisper_model(path: Path, device: torch.device, dtype: str | None) -> WhisperModel:
-    """On the CPU Whisper runs float32 (bfloat16 there is slower and less exact) with its
-    linear layers int8 (the default, `int8`) or not (`float32`)."""
+    """On the CPU Whisper runs float32 (bfloat16 there is slower and less exact) with int8
+    weights (the default, `int8`; which layers: `WhisperModel`) or not (`float32`)."""
     if device.type == "cuda":
         return WhisperModel(path, device, pick_dtype(dtype, device))
     if dtype not in (None, "int8", "float32"):
