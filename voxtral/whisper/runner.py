@@ -5,70 +5,22 @@ utterance is not decoded, and when speech stops its window is decoded once more 
 committed whole (endpointing), so the next sentence starts a fresh window.
 """
 
-from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import numpy as np
 import structlog
 import torch
 
-from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
+from scheduler import Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
 from voxtral.runner import StepResult, Transcription, UtteranceOutput, run_now
 from voxtral.whisper.cross_mask import pad_states
 from voxtral.whisper.model import Hypothesis, WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter, drop_repetition
+from voxtral.whisper.stream import POSITIONS_PER_SECOND, Speech, WhisperStream, Window
 from voxtral.whisper.words import TokenWords, is_spaced
 
 log = structlog.get_logger(__name__)
-
-POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
-
-
-@dataclass
-class Speech:
-    """A turn the VAD heard, in positions; `stop` is None while it goes on."""
-
-    start: int
-    stop: int | None = None
-
-
-@dataclass
-class WhisperStream:
-    """One utterance's streaming state. Whisper runs each step on the engine thread: it owns all of it."""
-
-    committer: WindowCommitter
-    window_start: int = 0  # position where the uncommitted window begins
-    # Tokens of the window's committed words: forced on the next decode, so only the
-    # uncommitted tail is generated and committed text cannot change under the policy.
-    prefix: list[int] = field(default_factory=list)
-    has_text: bool = False  # something was committed: the next words follow a space
-    # Turns heard and not yet committed whole, oldest first: a client sending faster than
-    # real time can be several turns ahead of the positions a step decodes.
-    turns: deque[Speech] = field(default_factory=deque)
-    heard_until: int = 0  # where the last turn's window ended
-    decoded_until: int = 0  # the end of the last window decoded
-    language: str | None = None  # None until a multilingual model detects it
-    task: str = "transcribe"
-
-
-@dataclass
-class _Window:
-    request: Request
-    state: WhisperStream
-    raw: torch.Tensor
-    end: int
-    final: bool
-    commit_all: bool  # the utterance's input or a turn ended: commit the whole window
-    items: list[AudioItem]  # the items the window reads, in order
-    speech_seconds: float  # of its turn
-    detected: bool = False  # its utterance's language was detected on this window
-
-    def arrived_at(self, seconds: float) -> float:
-        """When the audio `seconds` into the window reached the server."""
-        position = self.end - self.raw.shape[1] + round(seconds * POSITIONS_PER_SECOND) - 1
-        return next((i.arrived_at for i in self.items if i.end > position), self.items[-1].arrived_at)
 
 
 class WhisperRunner:
@@ -179,7 +131,7 @@ class WhisperRunner:
             due = [step[w.request.request_id] for w in windows if w.commit_all and w.state.turns]
         return result
 
-    def _plan(self, request: Request, state: WhisperStream, end: int, final: bool) -> _Window | None:
+    def _plan(self, request: Request, state: WhisperStream, end: int, final: bool) -> Window | None:
         """The window to decode this step, if any: the oldest turn heard, once its end (and a
         short tail) has arrived, to commit whole; or the turn going on, heard long and newly enough."""
         p = self.policy
@@ -210,9 +162,9 @@ class WhisperRunner:
         ended = turn.stop is not None or final
         state.decoded_until = end
         heard = (end - turn.start) / POSITIONS_PER_SECOND
-        return _Window(request, state, raw, end, final and not state.turns, ended, items, heard)
+        return Window(request, state, raw, end, final and not state.turns, ended, items, heard)
 
-    def _decode(self, windows: list[_Window]) -> dict[int, Hypothesis | None]:
+    def _decode(self, windows: list[Window]) -> dict[int, Hypothesis | None]:
         if not windows:
             return {}
         p = self.policy
@@ -233,12 +185,12 @@ class WhisperRunner:
             out[id(window)] = None if silent or not hyp.segments else hyp
         return out
 
-    def _encode(self, window: _Window) -> torch.Tensor:
+    def _encode(self, window: Window) -> torch.Tensor:
         """(frames, width): the window and the silence after it (`WhisperPolicy.encoder_frames`)."""
         n = self.policy.encoder_frames(window.raw.shape[1], POSITIONS_PER_SECOND, self.model.max_frames)
         return self.model.encode(normalize_log_mel(window.raw[:, :n], n)[None])[0]
 
-    def _detect_languages(self, windows: list[_Window], states: torch.Tensor, lengths: list[int]) -> None:
+    def _detect_languages(self, windows: list[Window], states: torch.Tensor, lengths: list[int]) -> None:
         """One decoder pass over the rows whose language is still unknown, batched."""
         rows = [row for row, w in enumerate(windows) if w.state.language is None]
         if not rows:
@@ -250,7 +202,7 @@ class WhisperRunner:
             windows[row].detected = True
             log.info("whisper.language_detected", language=language, probability=round(probability, 3))
 
-    def _commit(self, window: _Window, hyp: Hypothesis | None) -> UtteranceOutput:
+    def _commit(self, window: Window, hyp: Hypothesis | None) -> UtteranceOutput:
         state, request, p = window.state, window.request, self.policy
         length = window.end - state.window_start
         force = length > p.max_window_seconds * POSITIONS_PER_SECOND

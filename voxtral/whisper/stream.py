@@ -1,0 +1,57 @@
+"""One Whisper utterance's streaming state, and the window a step decodes for it."""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from scheduler import AudioItem, Request
+from voxtral.audio import HOP, SAMPLE_RATE
+from voxtral.whisper.policy import WindowCommitter
+
+POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
+
+
+@dataclass
+class Speech:
+    """A turn the VAD heard, in positions; `stop` is None while it goes on."""
+
+    start: int
+    stop: int | None = None
+
+
+@dataclass
+class WhisperStream:
+    """One utterance's streaming state. Whisper runs each step on the engine thread: it owns all of it."""
+
+    committer: WindowCommitter
+    window_start: int = 0  # position where the uncommitted window begins
+    # Tokens of the window's committed words: forced on the next decode, so only the
+    # uncommitted tail is generated and committed text cannot change under the policy.
+    prefix: list[int] = field(default_factory=list)
+    has_text: bool = False  # something was committed: the next words follow a space
+    # Turns heard and not yet committed whole, oldest first: a client sending faster than
+    # real time can be several turns ahead of the positions a step decodes.
+    turns: deque[Speech] = field(default_factory=deque)
+    heard_until: int = 0  # where the last turn's window ended
+    decoded_until: int = 0  # the end of the last window decoded
+    language: str | None = None  # None until a multilingual model detects it
+    task: str = "transcribe"
+
+
+@dataclass
+class Window:
+    request: Request
+    state: WhisperStream
+    raw: torch.Tensor
+    end: int
+    final: bool
+    commit_all: bool  # the utterance's input or a turn ended: commit the whole window
+    items: list[AudioItem]  # the items the window reads, in order
+    speech_seconds: float  # of its turn
+    detected: bool = False  # its utterance's language was detected on this window
+
+    def arrived_at(self, seconds: float) -> float:
+        """When the audio `seconds` into the window reached the server."""
+        position = self.end - self.raw.shape[1] + round(seconds * POSITIONS_PER_SECOND) - 1
+        return next((i.arrived_at for i in self.items if i.end > position), self.items[-1].arrived_at)
