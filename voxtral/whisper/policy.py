@@ -65,6 +65,7 @@ class WhisperPolicy:
     # Committed segments stay in the window until it is this long: context makes
     # Whisper more accurate, and the encoder pads short windows anyway.
     trim_after_seconds: float = 12.0
+    stall_seconds: float = 1.0  # or when the text ends this much before the audio (see `_commit`)
     # Words the decoder heard in the window's last this-many seconds are not committed
     # yet: Whisper mishears a word cut at the window's end. Windows end wherever a step
     # finds the audio: 0.4 s let the test's passages' WER swing 5-11 % with the chunking.

@@ -181,7 +181,11 @@ class WhisperRunner:
         out: dict[int, Hypothesis | None] = {}
         for window, hyp in zip(windows, hyps, strict=True):
             silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
-            hyp.segments = drop_repetition(hyp.segments, p.max_compression_ratio)
+            # Timestamps past the window's audio are the model's guess into the silence padded
+            # after it: a trim there skipped speech not yet transcribed (a whole sentence's start).
+            last = self.model.timestamp_begin + window.raw.shape[1] // 2  # one per two positions
+            hyp.token_ids = [min(t, last) for t in hyp.token_ids]
+            hyp.segments = drop_repetition(self.model.segments(hyp.token_ids), p.max_compression_ratio)
             out[id(window)] = None if silent or not hyp.segments else hyp
         return out
 
@@ -212,8 +216,12 @@ class WhisperRunner:
                 state.window_start = window.end - round(p.lead_in_seconds * POSITIONS_PER_SECOND)
                 request.retain_from = state.window_start
             return UtteranceOutput(finished=False, audio_arrived_at=window.items[-1].arrived_at)
-        may_trim = length > p.trim_after_seconds * POSITIONS_PER_SECOND
         seconds = length / POSITIONS_PER_SECOND
+        # The text stops well before the audio though the turn goes on: the decoder stalled at a
+        # segment's end, and so would every later decode forced the same words. Trim past them.
+        last = hyp.segments[-1].end if hyp is not None else None
+        stalled = last is not None and not window.commit_all and seconds - last >= p.stall_seconds
+        may_trim = length > p.trim_after_seconds * POSITIONS_PER_SECOND or stalled
         heard = None if window.commit_all or window.speech_seconds >= p.min_commit_seconds else 0
         if hyp is not None and heard is None:
             # Encoder frames are two mel frames; the last `holdback` of them is too fresh.
