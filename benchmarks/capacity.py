@@ -14,12 +14,11 @@ engines, pauses, noise on every other one).
 import argparse
 import asyncio
 import json
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import torch
 
-from benchmarks.client_process import Refused, client_process, stream_sessions
+from benchmarks.client_process import ClientProcess, Refused
 from benchmarks.speech import Passage, passage
 from benchmarks.whisper_streaming import percentile, snapshots, word_latencies
 from clients.connection import Utterance
@@ -33,7 +32,7 @@ from voxtral.whisper.runner import WhisperRunner
 from voxtral.whisper.weights import default_whisper_dir
 
 
-async def run(model: WhisperModel, passages: list[Passage], clients: ProcessPoolExecutor) -> dict:
+async def run(model: WhisperModel, passages: list[Passage], clients: ClientProcess) -> dict:
     server = RealtimeServer(
         Engine(WhisperRunner(model), EngineConfig()), ServerConfig(port=0), set(), "tiny.en"
     )
@@ -48,9 +47,7 @@ async def run(model: WhisperModel, passages: list[Passage], clients: ProcessPool
             lags.append(server.admission.lag_seconds)
 
     sampler = asyncio.create_task(sample_lag())
-    results = await asyncio.get_running_loop().run_in_executor(
-        clients, stream_sessions, url, [p.audio for p in passages]
-    )
+    results = await asyncio.to_thread(clients.stream_sessions, url, [p.audio for p in passages])
     sampler.cancel()
     await server.drain_and_stop()
     admitted = [(p, r) for p, r in zip(passages, results, strict=True) if isinstance(r, Utterance)]
@@ -78,7 +75,7 @@ def main() -> None:
     float32 = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32)
     passages = [passage(float32, i) for i in range(args.sessions)]  # word ends from the float32 model
     model = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32, int8=True)
-    with client_process() as clients:
+    with ClientProcess() as clients:
         print(json.dumps(asyncio.run(run(model, passages, clients))))
 
 

@@ -3,13 +3,18 @@
 Clients in the server's process time events late: the engine thread holds Python's GIL
 for much of a step, so the event loop reads what has arrived tens of milliseconds after
 it did (a delta and the interim the server sent right behind it read ~40 ms apart).
+The process is started as `python -m benchmarks.client_process`, not forked or spawned
+from the benchmark: a spawned child imports the benchmark's own module first (torch,
+transformers), and a client process that did read events later in some runs.
 """
 
 import asyncio
 import json
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import pickle
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from websockets.exceptions import InvalidStatus
@@ -44,8 +49,37 @@ def stream_sessions(
     return asyncio.run(all_sessions())
 
 
-def client_process() -> ProcessPoolExecutor:
-    """A started process to run `stream_sessions` in (it starts before anything is timed)."""
-    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-    pool.submit(int).result()
-    return pool
+class ClientProcess:
+    """`stream_sessions` run in the process this starts; requests and results are pickled over its pipes."""
+
+    def __init__(self) -> None:
+        root = Path(__file__).resolve().parent.parent
+        command = [sys.executable, "-m", "benchmarks.client_process"]
+        self.process = subprocess.Popen(command, cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def stream_sessions(self, *args: object) -> list[Utterance | Refused]:
+        """`stream_sessions(*args)` in the client process; blocks until it returns."""
+        pickle.dump(args, self.process.stdin)
+        self.process.stdin.flush()
+        return pickle.load(self.process.stdout)
+
+    def __enter__(self) -> "ClientProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
+def serve() -> None:
+    while True:
+        try:
+            args = pickle.load(sys.stdin.buffer)
+        except EOFError:
+            return
+        pickle.dump(stream_sessions(*args), sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+
+
+if __name__ == "__main__":
+    serve()

@@ -25,14 +25,13 @@ import argparse
 import asyncio
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
 from difflib import SequenceMatcher
 
 import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
 
-from benchmarks.client_process import client_process, stream_sessions
+from benchmarks.client_process import ClientProcess
 from benchmarks.speech import Passage, passage
 from benchmarks.text import normalize_words, word_error_rate
 from clients.connection import Utterance
@@ -128,9 +127,9 @@ async def run_voxrt(
     policy: WhisperPolicy,
     passages: list[Passage],
     language: str | None,
-    clients: ProcessPoolExecutor,
+    clients: ClientProcess,
 ) -> tuple[list[dict], float, float]:
-    """The passages streamed at once by `clients` (a `client_process`) to a server in this
+    """The passages streamed at once by `clients` to a server in this
     process: per passage its text, word latencies and finish lag; the model's busy seconds; the wall."""
     n = len(passages)
     # N sessions however many measured capacity would admit, none shed: this measures the
@@ -143,8 +142,8 @@ async def run_voxrt(
     await server.start()
     url = f"ws://127.0.0.1:{server.port}/v1/realtime"
     started = time.monotonic()
-    results = await asyncio.get_running_loop().run_in_executor(
-        clients, stream_sessions, url, [p.audio for p in passages], True, language
+    results = await asyncio.to_thread(
+        clients.stream_sessions, url, [p.audio for p in passages], True, language
     )
     wall = time.monotonic() - started
     await server.drain_and_stop()
@@ -287,7 +286,7 @@ def main() -> None:
         "passage_seconds": [round(len(p.audio) / SAMPLE_RATE, 1) for p in passages],
         "voices": [p.voice for p in passages],
     }
-    with client_process() as clients:
+    with ClientProcess() as clients:
         for name in args.policies.split(","):
             policy = WhisperPolicy(commit_policy=name)
             out[name] = {}
