@@ -1,0 +1,79 @@
+"""Streamed WER against offline WER without a clock: deterministic, so one run can tell a point.
+
+Each `benchmarks/speech.py` passage (long sentences, several voices, pauses, noise), at each
+start offset (that much silence before it: where windows end moves tiny.en's WER by points),
+streams alone through the engine with no real-time pacing, one step per `--step` seconds of
+audio (0.7 s is about a step's audio at 4 real-time sessions); the same model, as `voxrt serve`
+loads it on a CPU, transcribes it offline too. Prints one JSON line: the mean WER of each.
+
+    .venv/bin/python -m benchmarks.streaming_wer [--passages 6] [--offsets 0,0.25] [--step 0.7]
+"""
+
+import argparse
+import dataclasses
+import json
+
+import numpy as np
+import torch
+
+from benchmarks.speech import passage
+from benchmarks.text import word_error_rate
+from benchmarks.whisper_streaming import offline_wer
+from realtime.engine import Engine
+from realtime.events import Done
+from realtime.logs import configure_logging
+from voxtral.audio import SAMPLE_RATE
+from voxtral.whisper.model import WhisperModel
+from voxtral.whisper.runner import WhisperRunner
+from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir
+
+
+def streamed_text(runner: WhisperRunner, audio: np.ndarray, step_samples: int) -> str:
+    engine = Engine(runner)
+    events: list = []
+    engine.add_utterance("u", events.append)
+    for offset in range(0, len(audio), step_samples):
+        engine.add_audio("u", audio[offset : offset + step_samples])
+        engine.run_once()
+    engine.finish_input("u")
+    while not any(isinstance(e, Done) for e in events):
+        engine.run_once()
+    return next(e.text for e in events if isinstance(e, Done))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--passages", type=int, default=6)
+    parser.add_argument("--offsets", default="0,0.25", help="seconds of silence before each passage")
+    parser.add_argument("--step", type=float, default=0.7, help="seconds of audio per engine step")
+    args = parser.parse_args()
+    configure_logging("warning")
+    torch.set_num_threads(2)
+    cpu = torch.device("cpu")
+    model = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32, int8=True)
+    timing = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
+    runner = WhisperRunner(model)
+    step = round(args.step * SAMPLE_RATE)
+    streamed, offline = {}, {}
+    for index in range(args.passages):
+        p = passage(timing, index)
+        for seconds in map(float, args.offsets.split(",")):
+            silence = np.zeros(round(seconds * SAMPLE_RATE), np.float32)
+            shifted = dataclasses.replace(p, audio=np.concatenate([silence, p.audio]))
+            key = f"{index}@{seconds}"
+            streamed[key] = word_error_rate(p.text, streamed_text(runner, shifted.audio, step))
+            offline[key] = offline_wer(model, [shifted])[0]
+    print(
+        json.dumps(
+            {
+                "step_s": args.step,
+                "streamed_wer": round(float(np.mean(list(streamed.values()))), 4),
+                "offline_wer": round(float(np.mean(list(offline.values()))), 4),
+                "per_passage": {k: [round(streamed[k], 3), round(offline[k], 3)] for k in streamed},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
