@@ -5,7 +5,7 @@ for much of a step, so the event loop reads what has arrived tens of millisecond
 it did (a delta and the interim the server sent right behind it read ~40 ms apart).
 The process is started as `python -m benchmarks.client_process`, not forked or spawned
 from the benchmark: a spawned child imports the benchmark's own module first (torch,
-transformers), and a client process that did read events later in some runs.
+transformers), and such a client read events later in some runs.
 """
 
 import asyncio
