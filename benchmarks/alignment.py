@@ -10,7 +10,6 @@ the method of OpenAI's `whisper.timing`, written here for forced text.
 import numpy as np
 import torch
 from scipy.ndimage import median_filter
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
 from voxtral.whisper.model import SECONDS_PER_TIMESTAMP, WhisperModel
@@ -51,12 +50,8 @@ def word_ends(model: WhisperModel, samples: np.ndarray, words: list[str]) -> lis
     word_tokens = [model.tokenizer.encode(" " + w, add_special_tokens=False).ids for w in words]
     text = [t for tokens in word_tokens for t in tokens]
     ids = torch.tensor([[model.sot, model.no_timestamps, *text]], device=model.device)
-    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    model.model.model.decoder(
-        input_ids=ids, encoder_hidden_states=states, past_key_values=cache, use_cache=True
-    )
     # Rows: the queries that predict each text token and then the end of text.
-    weights = model.alignment.weights(cache)[0, :, 1:].cpu().numpy()
+    weights = model.steps.read(states, ids)[1][0, :, 1:].cpu().numpy()
     num_frames = -(-len(samples) // (SAMPLE_RATE * SECONDS_PER_FRAME))
     weights = weights[:, :, : int(num_frames)]
     weights = (weights - weights.mean(axis=1, keepdims=True)) / (weights.std(axis=1, keepdims=True) + 1e-8)

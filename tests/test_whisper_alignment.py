@@ -1,32 +1,28 @@
-"""The alignment heads' attention, recomputed from the cache, against transformers' own eager weights;
-and which words of a hypothesis count as heard."""
+"""The step decoder against transformers' own eager decoder: its hidden states and the
+alignment heads' attention; and which words of a hypothesis count as heard."""
 
 import torch
 from transformers import WhisperForConditionalGeneration
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from voxtral.whisper.model import Hypothesis
 from voxtral.whisper.words import TokenWords, split_words
 
 
-def test_alignment_weights_equal_the_eager_cross_attention(whisper_dir, whisper_model):
+def test_step_decoder_and_its_alignment_weights_equal_the_eager_decoder(whisper_dir, whisper_model):
     eager = WhisperForConditionalGeneration.from_pretrained(whisper_dir, attn_implementation="eager").eval()
     torch.manual_seed(0)
     states = whisper_model.encode(torch.randn(2, whisper_model.n_mels, 1000))
     ids = torch.tensor(
         [[whisper_model.sot, 50364, 1374, 3329, 11], [whisper_model.sot, 50364, 383, 1200, 373]]
     )
-    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
     with torch.inference_mode():
-        whisper_model.model.model.decoder(
-            input_ids=ids, encoder_hidden_states=states, past_key_values=cache, use_cache=True
-        )
-        ours = whisper_model.alignment.weights(cache)
+        hidden, ours = whisper_model.steps.read(states, ids)
         reference = eager.model.decoder(input_ids=ids, encoder_hidden_states=states, output_attentions=True)
     heads = whisper_model.model.generation_config.alignment_heads
     expected = torch.stack([reference.cross_attentions[layer][:, head] for layer, head in heads], dim=1)
     assert ours.shape == expected.shape == (2, len(heads), 5, 500)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(hidden, reference.last_hidden_state, atol=1e-4, rtol=1e-4)
 
 
 def test_words_heard_stop_at_the_first_token_heard_too_late(whisper_model):

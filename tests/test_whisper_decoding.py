@@ -4,7 +4,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from benchmarks.text import word_error_rate
 from voxtral.audio import normalize_log_mel, raw_log_mel
-from voxtral.whisper.cross_mask import pad_states
+from voxtral.whisper.decoder import pad_states
 from voxtral.whisper.loop_guard import LoopGuard
 from voxtral.whisper.words import TokenWords
 

@@ -10,11 +10,9 @@ from tokenizers import Tokenizer
 from torch import nn
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 from transformers import WhisperForConditionalGeneration
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from voxtral.errors import WeightsError
-from voxtral.whisper.alignment import AlignmentHeads
-from voxtral.whisper.cross_mask import CrossAttentionMask
+from voxtral.whisper.decoder import StepDecoder
 from voxtral.whisper.loop_guard import LoopGuard
 
 SECONDS_PER_TIMESTAMP = 0.02
@@ -86,8 +84,7 @@ class WhisperModel:
         self.task_ids = {task: self.tokenizer.token_to_id(f"<|{task}|>") for task in TASKS}
         if not generation.alignment_heads:
             raise WeightsError(f"{path / 'generation_config.json'} lists no alignment_heads")
-        self.alignment = AlignmentHeads(self.model.model.decoder, generation.alignment_heads)
-        self.cross_mask = CrossAttentionMask(self.model.model.decoder)
+        self.steps = StepDecoder(self.model.model.decoder, generation.alignment_heads)
         if int8:
             self._quantize()
 
@@ -113,9 +110,8 @@ class WhisperModel:
     ) -> list[tuple[str, float]]:
         """Per row, the likeliest language token after <|startoftranscript|> and its probability."""
         start = torch.full((encoder_states.shape[0], 1), self.sot, device=self.device)
-        with self.cross_mask.reading(encoder_states, lengths):
-            hidden = self.model.model.decoder(input_ids=start, encoder_hidden_states=encoder_states)
-        logits = self.model.proj_out(hidden.last_hidden_state[:, -1]).float()
+        hidden, _ = self.steps.read(encoder_states, start, lengths)
+        logits = self.model.proj_out(hidden[:, -1]).float()
         codes = list(self.language_ids)
         probs = torch.softmax(logits[:, list(self.language_ids.values())], dim=-1)
         best = probs.argmax(dim=-1).tolist()
@@ -174,6 +170,7 @@ class WhisperModel:
         text_logprob = logprobs[:, :tb].max(dim=-1).values
         scores[:, :tb].masked_fill_((timestamp_logprob > text_logprob).unsqueeze(-1), -torch.inf)
 
+    @torch.inference_mode()
     def decode(
         self,
         encoder_states: torch.Tensor,
@@ -191,31 +188,20 @@ class WhisperModel:
         states (None: all). A row that starts repeating itself stops there, the segment
         the repeat began in dropped (`LoopGuard`).
         """
-        with self.cross_mask.reading(encoder_states, lengths):
-            return self._decode(encoder_states, max_new_tokens, forced, prompts)
-
-    @torch.inference_mode()
-    def _decode(
-        self,
-        encoder_states: torch.Tensor,
-        max_new_tokens: list[int],
-        forced: list[list[int]] | None,
-        prompts: list[list[int]] | None,
-    ) -> list[Hypothesis]:
         batch = len(max_new_tokens)
         forced = forced or [[] for _ in range(batch)]
         prompts = prompts or [self.prompt(None)] * batch
         initial = [[*prompt, *f] for prompt, f in zip(prompts, forced, strict=True)]
         width = max(len(ids) for ids in initial)
         input_ids = torch.full((batch, width), self.eot, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
+        padding = torch.ones((batch, width), dtype=torch.bool)
         for row, ids in enumerate(initial):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            mask[row, width - len(ids) :] = 1
+            padding[row, width - len(ids) :] = False
         sot_index = [width - len(ids) for ids in initial]
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        input_ids, padding = input_ids.to(self.device), padding.to(self.device)
+        positions = ((~padding).cumsum(-1) - 1).clamp(min=0)
+        cache = self.steps.start(encoder_states, lengths, width + max(max_new_tokens))
         generated: list[list[int]] = [list(f) for f in forced]
         frames: list[list[int]] = [[] for _ in range(batch)]
         num_new = [0] * batch
@@ -224,16 +210,10 @@ class WhisperModel:
         no_speech_prob: list[float] = []
         guards = [LoopGuard(f, self.eot) for f in forced]
         for step in range(max(max_new_tokens)):
-            hidden = self.model.model.decoder(
-                input_ids=input_ids,
-                attention_mask=mask,
-                encoder_hidden_states=encoder_states,
-                past_key_values=cache,
-                position_ids=positions,
-                use_cache=True,
-            ).last_hidden_state
+            hidden, weights = self.steps(cache, input_ids, positions, padding)
             scores = self.model.proj_out(hidden[:, -1]).float()
-            heard_at = self.alignment.frames(cache, self.cross_mask.mask).tolist()
+            # The frame the alignment heads, together, attend to most from the last token.
+            heard_at = weights[:, :, -1].mean(dim=1).argmax(dim=-1).tolist()
             if step == 0:
                 at_sot = self.model.proj_out(hidden[torch.arange(batch), sot_index]).float()
                 no_speech_prob = torch.softmax(at_sot, dim=-1)[:, self.no_speech].tolist()
@@ -262,8 +242,7 @@ class WhisperModel:
             if all(done):
                 break
             next_ids = torch.where(torch.tensor(done, device=self.device), self.eot, next_ids)
-            input_ids = next_ids[:, None]
-            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            input_ids, padding = next_ids[:, None], torch.zeros_like(padding[:, -1:])
             positions = positions[:, -1:] + 1
         return [
             Hypothesis(

@@ -14,7 +14,7 @@ import torch
 from scheduler import Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
 from voxtral.runner import StepResult, Transcription, UtteranceOutput, run_now
-from voxtral.whisper.cross_mask import pad_states
+from voxtral.whisper.decoder import pad_states
 from voxtral.whisper.model import Hypothesis, WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter, drop_repetition
 from voxtral.whisper.stream import POSITIONS_PER_SECOND, Speech, WhisperStream, Window
