@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from benchmarks.alignment import word_ends
 from clients.audio import SAMPLE_RATE, load_audio_file
 from voxtral.whisper.model import WhisperModel
+from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir
 
 SENTENCES = [
     "Good morning everyone, and thank you for joining the planning meeting on such short notice this week.",
@@ -113,3 +115,10 @@ def passage(model: WhisperModel, index: int) -> Passage:
         noise = rng.normal(0, np.sqrt(power / 10 ** (NOISE_SNR_DB / 10)), len(audio))
         audio = np.clip(audio + noise.astype(np.float32), -1, 1)
     return Passage(audio, words, ends, " ".join(texts), f"{engine}:{voice}")
+
+
+def tiny_en_models() -> tuple[WhisperModel, WhisperModel]:
+    """tiny.en as `voxrt serve` loads it on a CPU (int8), and in float32 for `passage`'s word ends."""
+    cpu = torch.device("cpu")
+    path = embedded_whisper_dir(TINY_EN)
+    return WhisperModel(path, cpu, torch.float32, int8=True), WhisperModel(path, cpu, torch.float32)

@@ -16,16 +16,14 @@ import json
 import numpy as np
 import torch
 
-from benchmarks.speech import passage
+from benchmarks.speech import passage, tiny_en_models
 from benchmarks.text import word_error_rate
 from benchmarks.whisper_streaming import offline_wer
 from realtime.engine import Engine
 from realtime.events import Done
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
-from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.runner import WhisperRunner
-from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir
 
 
 def streamed_text(runner: WhisperRunner, audio: np.ndarray, step_samples: int) -> str:
@@ -49,9 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging("warning")
     torch.set_num_threads(2)
-    cpu = torch.device("cpu")
-    model = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32, int8=True)
-    timing = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
+    model, timing = tiny_en_models()
     runner = WhisperRunner(model)
     step = round(args.step * SAMPLE_RATE)
     streamed, offline = {}, {}
