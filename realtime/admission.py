@@ -54,8 +54,8 @@ class Admission:
 
     async def watch(self) -> None:
         """Measure every session's lag. While one is behind by more than `max_lag_seconds`,
-        shed the newest connections down to what the model sustains at all (at least one),
-        then wait as long again for the effect to show."""
+        shed the newest connections down to what the model serves with room to catch up (at
+        least one), then wait as long again for the effect to show."""
         while True:
             await asyncio.sleep(CHECK_SECONDS)
             now, stats = time.monotonic(), self.engine.stats()
@@ -69,7 +69,7 @@ class Admission:
                 (c for c in self.connections if c.utterances and c.closing is None),
                 key=lambda c: c.started_at,
             )
-            newest = running[min(stats.sustainable_sessions, len(running) - 1) :]
+            newest = running[min(stats.shed_to_sessions, len(running) - 1) :]
             log.warning("admission.shed", connections=len(newest), lag_seconds=round(self.lag_seconds, 3))
             self.last_shed_at = now
             self.metrics.sheds.inc(len(newest))

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 class CapacityConfig:
     target_busy: float = 0.8  # share of each step period the model may spend on admitted sessions
     max_lag_seconds: float = 3.0  # a session this far behind real time: refuse new ones, shed the newest
+    # The share of each step period the sessions kept after a shed may take: they are already
+    # behind, and only a step shorter than its period lets them catch up.
+    shed_to_busy: float = 0.7
     window_seconds: float = 10.0  # what "lately" means
     # Model seconds per session per step before any step was measured: tiny.en (int8
     # decoder) on 2 CPU cores with continuous speech (no pause lets the VAD skip a step):

@@ -38,7 +38,7 @@ class EngineStats:
     consumed_samples: dict[str, int] = field(default_factory=dict)
     busy_share: float = 0.0  # of the model's wall time, over the capacity window
     capacity_sessions: int = 1  # sessions that fit, all speaking, under the target busy share
-    sustainable_sessions: int = 1  # the most that keep up at all: every step filling its period
+    shed_to_sessions: int = 1  # kept when sessions fall behind: room in each step to catch up
 
     @classmethod
     def take(cls, engine: "Engine", now: float) -> "EngineStats":
@@ -48,5 +48,5 @@ class EngineStats:
             features.queries, features.hits, features.num_bytes, engine.num_steps, engine.num_tokens,
             engine.runner.num_slots_in_use, engine.vad.calls, engine.utterances.consumed_samples(),
             engine.capacity.busy_share(now), engine.capacity.sessions(engine.config.capacity.target_busy),
-            engine.capacity.sessions(1.0),
+            engine.capacity.sessions(engine.config.capacity.shed_to_busy),
         )  # fmt: skip
