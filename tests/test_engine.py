@@ -86,6 +86,23 @@ def test_deltas_are_append_only_and_add_up(whisper_runner, welcome):
     assert done.audio_seconds == len(samples) / 16000  # what the client sent, not the padding
 
 
+def test_utterances_done_in_one_step_end_in_the_order_they_were_added(whisper_runner, welcome):
+    samples, _ = welcome
+    engine = Engine(whisper_runner)
+    added, done = ["c", "a", "d", "b"], []
+    for utterance_id in added:
+        engine.add_utterance(
+            utterance_id, lambda e, u=utterance_id: done.append(u) if isinstance(e, Done) else None
+        )
+        engine.add_audio(utterance_id, samples[: 16000 * 2])
+    engine.run_once()  # the scheduler's turn moves on: the next step schedules "a" first
+    for utterance_id in added:
+        engine.add_audio(utterance_id, samples[16000 * 2 : 16000 * 3])
+        engine.finish_input(utterance_id)
+    engine.run_once()
+    assert done == added
+
+
 def test_a_listener_that_raises_never_stops_the_engine(whisper_runner, welcome):
     samples, text = welcome
     engine = Engine(whisper_runner)
