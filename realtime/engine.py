@@ -174,9 +174,4 @@ class Engine:
         self.capacity.record(time.monotonic(), result.model_seconds, decoded)
         if self.on_step is not None:
             self.on_step(result.model_seconds, len(out.scheduled))
-        # In the order the utterances were added, not the runner's: a connection's items
-        # finished in one step complete in the order the client committed them.
-        for utterance_id, utterance in list(self.utterances.items()):
-            if (output := result.outputs.get(utterance_id)) is not None:  # an ended one has none
-                self.num_tokens += output.num_tokens
-                self.utterances.deliver(utterance, output)
+        self.num_tokens += self.utterances.deliver_step(result.outputs)

@@ -129,6 +129,17 @@ class Utterances(dict[str, Utterance]):
                     SpeechStarted(turn.audio_ms) if turn.speaking else SpeechStopped(turn.audio_ms)
                 )
 
+    def deliver_step(self, outputs: dict[str, UtteranceOutput]) -> int:
+        """A step's outputs in the order the utterances were added, not the runner's (a client's
+        items finished in one step complete in the order it committed them); returns the tokens
+        of those still here (an utterance that ended meanwhile has none)."""
+        tokens = 0
+        for utterance in list(self.values()):
+            if (output := outputs.get(utterance.id)) is not None:
+                tokens += output.num_tokens
+                self.deliver(utterance, output)
+        return tokens
+
     def deliver(self, utterance: Utterance, output: UtteranceOutput) -> None:
         """A step's output: sampled ids fill the placeholders, and the text comes from the resolved ids."""
         utterance.num_tokens += output.num_tokens
