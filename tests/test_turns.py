@@ -95,34 +95,6 @@ def test_vad_is_one_batched_call_per_step_for_all_utterances(whisper_runner, tmp
     assert engine.stats().vad_calls == steps
 
 
-def test_a_step_decodes_one_window_of_a_turn_going_on_and_the_others_count_as_behind(
-    whisper_runner, tmp_path
-):
-    speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
-    engine = Engine(whisper_runner)
-    names = "abc"
-    for name in names:
-        engine.add_utterance(name, lambda e: None)
-    engine.run_once()
-    decoded: list[str] = []  # whose window each step decoded
-    waited = 0
-    for offset in range(0, 16000 * 5, 3200):  # 0.2 s a step, all of it inside the sentence
-        before = {n: engine.utterances[n].state.decoded_until for n in names}
-        for name in names:
-            engine.add_audio(name, speech[offset : offset + 3200])
-        engine.run_once()
-        now = [n for n in names if engine.utterances[n].state.decoded_until != before[n]]
-        assert len(now) <= 1, now
-        decoded += now
-        computed = {n: engine.utterances[n].request.num_computed * 160 for n in names}
-        behind = {n: computed[n] - engine.stats().consumed_samples[n] for n in names}
-        # Only what waits for a decode that is due counts: the one just decoded waits for none.
-        assert all(behind[n] == 0 for n in now) and all(b <= 16000 for b in behind.values()), behind
-        waited = max(waited, *behind.values())
-    assert len(decoded) >= 6 and sorted(decoded[:3]) == list(names)  # each in turn: none waits twice
-    assert waited > 0  # the three were due at once: two waited, and counted as behind
-
-
 def test_speech_events_fire_in_order_at_the_speech_bounds(whisper_runner, tmp_path):
     first = espeak("It was raining all night.", tmp_path / "a.wav")
     second = espeak("But the sun came out this morning.", tmp_path / "b.wav")
