@@ -103,7 +103,7 @@ class Engine:
     def _run(self) -> None:
         try:
             while not self._stopping:
-                busy = self._in_flight or any(u.request.num_pending for u in self.utterances.values())
+                busy = self._in_flight or any(u.request.wants_step for u in self.utterances.values())
                 try:
                     self._apply_commands(block=not busy)
                     self.step()

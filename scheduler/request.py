@@ -33,11 +33,19 @@ class Request:
     # Positions from here on keep their encoder outputs referenced even once computed
     # (a family that re-reads a window of past audio); None: only uncomputed positions.
     retain_from: int | None = None
+    # The family holds work on positions already computed (a window whose decode waits for
+    # room in a step): the request is scheduled with no new positions until it is done.
+    work_waiting: bool = False
 
     @property
     def num_pending(self) -> int:
         """Positions whose audio is here but which have not been computed yet."""
         return self.num_available - self.num_computed
+
+    @property
+    def wants_step(self) -> bool:
+        """New audio to compute, or work the family holds on what is computed."""
+        return self.num_pending > 0 or self.work_waiting
 
     @property
     def release_position(self) -> int:

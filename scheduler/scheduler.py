@@ -59,6 +59,8 @@ class Scheduler:
 
     Per request only the items overlapping its positions `[start, end)` are touched
     (two bisects), so a step costs the same at item 10 and item 32,768.
+    A request with no new audio is scheduled only while its family holds work on positions
+    already computed (`Request.work_waiting`), with no positions.
     The starting request rotates every step, and one that had audio but got nothing goes
     first the next step: with only the position budget in its way, a request with audio
     is scheduled within `len(requests)` steps. One waiting for encoder-cache room waits
@@ -108,9 +110,12 @@ class Scheduler:
         for k in range(len(running)):
             index = (self._cursor + k) % len(running)
             request = running[index]
-            if request.num_pending <= 0:
+            if not request.wants_step:
                 continue
             start = request.num_computed
+            if request.num_pending <= 0:  # only the family's work on computed positions
+                out.scheduled.append(ScheduledRequest(request, start, start, 0, 0))
+                continue
             # A prompt may run whole, but never together with the positions after it: those
             # feed back the token its last position samples.
             limit = (

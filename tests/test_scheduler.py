@@ -127,6 +127,18 @@ def test_session_without_audio_is_skipped_and_cache_freed_after_compute():
     assert scheduler.encoder_cache.get_cached_input_ids("busy") == {1}
 
 
+def test_a_request_whose_family_holds_work_is_scheduled_with_no_new_positions():
+    scheduler = Scheduler(SchedulerConfig())
+    waiting = Request("waiting")
+    waiting.add_item(AudioItem(PlaceholderRange(0, 8), "x"))
+    scheduler.add_request(waiting)
+    assert [(s.start, s.end) for s in scheduler.schedule().scheduled] == [(0, 8)]
+    assert scheduler.schedule().scheduled == []  # nothing new, nothing held
+    waiting.work_waiting = True
+    out = scheduler.schedule()
+    assert [(s.start, s.end, s.final) for s in out.scheduled] == [(8, 8, False)] and not out.encoder_inputs
+
+
 def test_cache_smaller_than_encoder_budget_rejected():
     with pytest.raises(ValueError):
         Scheduler(SchedulerConfig(max_encoder_rows_per_step=100, encoder_cache_rows=50))

@@ -95,6 +95,37 @@ def test_vad_is_one_batched_call_per_step_for_all_utterances(whisper_runner, tmp
     assert engine.stats().vad_calls == steps
 
 
+def test_a_step_decodes_one_window_of_a_turn_going_on_and_the_others_wait_counted_behind(
+    whisper_runner, tmp_path
+):
+    speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
+    engine = Engine(whisper_runner)
+    names = "abc"
+    for name in names:
+        engine.add_utterance(name, lambda e: None)
+    engine.run_once()
+    rounds, waited = 0, 0
+    for offset in range(0, 16000 * 6, 9600):  # 0.6 s a round, inside the sentence: all due again
+        for name in names:
+            engine.add_audio(name, speech[offset : offset + 9600])
+        decoded: list[str] = []
+        for _ in names:  # the steps after the first get no new audio: what waits is decoded
+            before = {n: engine.utterances[n].state.decoded_until for n in names}
+            engine.run_once()
+            now = [n for n in names if engine.utterances[n].state.decoded_until != before[n]]
+            assert len(now) <= 1, now
+            decoded += now
+            computed = {n: engine.utterances[n].request.num_computed * 160 for n in names}
+            behind = {n: computed[n] - engine.stats().consumed_samples[n] for n in names}
+            # Only audio whose decode is due and waits counts: the one just decoded has none.
+            assert all(behind[n] == 0 for n in now) and all(b <= 16000 for b in behind.values()), behind
+            waited = max(waited, *behind.values())
+        if decoded:
+            rounds += 1
+            assert sorted(decoded) == list(names), decoded  # each in turn, all within the round
+    assert rounds >= 5 and waited > 0
+
+
 def test_speech_events_fire_in_order_at_the_speech_bounds(whisper_runner, tmp_path):
     first = espeak("It was raining all night.", tmp_path / "a.wav")
     second = espeak("But the sun came out this morning.", tmp_path / "b.wav")

@@ -67,6 +67,9 @@ def stream_through_engine(
             if offsets[name] >= len(samples):
                 engine.finish_input(name)
         engine.run_once()
+        # Back to back while a step has work, as the server's loop steps.
+        while any(u.request.wants_step for u in engine.utterances.values()):
+            engine.run_once()
     for _ in range(len(audios) + 2):
         engine.run_once()
     return events

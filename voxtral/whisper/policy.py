@@ -49,6 +49,11 @@ class WhisperPolicy:
     # A turn going on is re-decoded once this much new audio has arrived since its last
     # decode: at 0.2 s each word was committed with less audio after it (22-24 % WER).
     update_seconds: float = 0.5
+    # Windows of turns going on decoded per step, the longest due first (a turn's end and the
+    # input's are never held back). On a CPU a batch of windows costs about what they cost one
+    # by one, and the step that decodes one alone returns its text sooner: at 4 sessions,
+    # committed words 1.2 s after they were spoken, not 1.5 s (README, "How Whisper streams").
+    max_windows_per_step: int = 1
     # At full load each window is re-decoded at least this often (capacity's step budget):
     # the latency a step adds to committed words stays under about a second.
     step_period_seconds: float = 1.0

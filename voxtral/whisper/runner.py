@@ -95,6 +95,22 @@ class WhisperRunner:
                 state.window_start, until - round(p.lead_in_seconds * POSITIONS_PER_SECOND)
             )
 
+    def _due_from(self, state: WhisperStream) -> int | None:
+        """Where the audio of a turn going on is enough for its next decode: heard long enough
+        (to detect its language, if unknown), and `update_seconds` past the last decode."""
+        if not state.turns or state.turns[0].stop is not None:
+            return None
+        p = self.policy
+        least = p.min_decode_seconds if state.language else p.detect_language_seconds
+        update = round(p.update_seconds * POSITIONS_PER_SECOND)
+        return max(state.turns[0].start + round(least * POSITIONS_PER_SECOND), state.decoded_until + update)
+
+    def backlog_positions(self, state: WhisperStream, computed: int) -> int:
+        """The audio of a turn going on past where its decode was due: windows wait their turn
+        when a step has no room (`WhisperPolicy.max_windows_per_step`)."""
+        due = self._due_from(state)
+        return max(0, computed - due) if due is not None else 0
+
     def release(self, state: WhisperStream) -> None:
         """Nothing device-side is per-utterance for Whisper: the window lives in the encoder cache."""
 
@@ -111,14 +127,18 @@ class WhisperRunner:
             s.request.request_id: (s.request, states[s.request.request_id], s.end, s.final)
             for s in out.scheduled
         }
-        due = list(step.values())
+        # The longest due first (a turn that ended, None, takes no room: any place will do).
+        due = sorted(step.values(), key=lambda d: self._due_from(d[1]) or 0)
+        going_on = 0  # windows of turns going on planned this step
         # Rounds: a window that committed a turn whole, with more turns heard behind it, is
         # planned again on the same audio (only a faster-than-real-time client gets there).
         while due:
             windows = []
             for request, state, end, final in due:
-                if (window := self._plan(request, state, end, final)) is not None:
+                room = going_on < self.policy.max_windows_per_step
+                if (window := self._plan(request, state, end, final, room)) is not None:
                     windows.append(window)
+                    going_on += not window.commit_all
                 elif final:
                     result.add(request.request_id, UtteranceOutput(finished=True))
             hypotheses = self._decode(windows)
@@ -131,10 +151,14 @@ class WhisperRunner:
             due = [step[w.request.request_id] for w in windows if w.commit_all and w.state.turns]
         return result
 
-    def _plan(self, request: Request, state: WhisperStream, end: int, final: bool) -> Window | None:
+    def _plan(
+        self, request: Request, state: WhisperStream, end: int, final: bool, room: bool
+    ) -> Window | None:
         """The window to decode this step, if any: the oldest turn heard, once its end (and a
-        short tail) has arrived, to commit whole; or the turn going on, heard long and newly enough."""
+        short tail) has arrived, to commit whole; or, with `room` in the step, the turn going on,
+        heard long and newly enough."""
         p = self.policy
+        request.work_waiting = False
         turn = state.turns[0] if state.turns else None
         if turn is None or end <= turn.start:
             # Silence: nothing to decode, and the window need not keep it.
@@ -148,11 +172,11 @@ class WhisperRunner:
                 return None  # the audio after the turn's end is yet to come
             end = min(end, stop)
             state.turns.popleft()
-        else:
-            least = p.min_decode_seconds if state.language else p.detect_language_seconds
-            heard_enough = end - turn.start >= least * POSITIONS_PER_SECOND
-            if not heard_enough or end - state.decoded_until < p.update_seconds * POSITIONS_PER_SECOND:
-                return None
+        elif end < self._due_from(state):
+            return None
+        elif not room:
+            request.work_waiting = True  # planned again next step, whether audio came or not
+            return None
         if end <= state.window_start:
             return None
         ids = request.input_ids_in_window(state.window_start, end)
