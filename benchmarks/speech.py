@@ -10,7 +10,7 @@ text (`benchmarks/alignment.py`), sentence by sentence.
 
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +70,11 @@ class Passage:
     word_ends: list[float]  # seconds from the start of `audio`, one per word
     text: str
     voice: str
+
+    def delayed(self, seconds: float) -> "Passage":
+        """The passage after `seconds` of silence."""
+        audio = np.concatenate([np.zeros(round(seconds * SAMPLE_RATE), np.float32), self.audio])
+        return replace(self, audio=audio, word_ends=[end + seconds for end in self.word_ends])
 
 
 def synthesize(engine: str, voice: str, rate: int, text: str, tmp: Path) -> np.ndarray:

@@ -4,21 +4,21 @@ Each `benchmarks/speech.py` passage (long sentences, several voices, pauses, noi
 start offset (that much silence before it: where windows end moves tiny.en's WER by points),
 streams alone through the engine with no real-time pacing, one step per `--step` seconds of
 audio (0.7 s is about a step's audio at 4 real-time sessions); the same model, as `voxrt serve`
-loads it on a CPU, transcribes it offline too. Prints one JSON line: the mean WER of each.
+loads it on a CPU, transcribes it offline too. Prints one JSON line: the mean WER of each, scored
+as Whisper's evaluations score English and verbatim (`benchmarks/text.py`).
 
     .venv/bin/python -m benchmarks.streaming_wer [--passages 6] [--offsets 0,0.25] [--step 0.7]
 """
 
 import argparse
-import dataclasses
 import json
 
 import numpy as np
 import torch
 
 from benchmarks.speech import passage, tiny_en_models
-from benchmarks.text import word_error_rate
-from benchmarks.whisper_streaming import offline_wer
+from benchmarks.text import whisper_wer, word_error_rate
+from benchmarks.whisper_streaming import offline_texts
 from realtime.engine import Engine
 from realtime.events import Done
 from realtime.logs import configure_logging
@@ -50,22 +50,31 @@ def main() -> None:
     model, timing = tiny_en_models()
     runner = WhisperRunner(model)
     step = round(args.step * SAMPLE_RATE)
-    streamed, offline = {}, {}
+    references, streamed, offline = {}, {}, {}
     for index in range(args.passages):
         p = passage(timing, index)
         for seconds in map(float, args.offsets.split(",")):
-            silence = np.zeros(round(seconds * SAMPLE_RATE), np.float32)
-            shifted = dataclasses.replace(p, audio=np.concatenate([silence, p.audio]))
+            shifted = p.delayed(seconds)
             key = f"{index}@{seconds}"
-            streamed[key] = word_error_rate(p.text, streamed_text(runner, shifted.audio, step))
-            offline[key] = offline_wer(model, [shifted])[0]
+            references[key] = p.text
+            streamed[key] = streamed_text(runner, shifted.audio, step)
+            offline[key] = offline_texts(model, [shifted])[0]
+
+    def mean(score, texts: dict[str, str]) -> float:
+        return round(float(np.mean([score(references[k], texts[k]) for k in texts])), 4)
+
     print(
         json.dumps(
             {
                 "step_s": args.step,
-                "streamed_wer": round(float(np.mean(list(streamed.values()))), 4),
-                "offline_wer": round(float(np.mean(list(offline.values()))), 4),
-                "per_passage": {k: [round(streamed[k], 3), round(offline[k], 3)] for k in streamed},
+                "streamed_wer": mean(whisper_wer, streamed),
+                "offline_wer": mean(whisper_wer, offline),
+                "streamed_verbatim_wer": mean(word_error_rate, streamed),
+                "offline_verbatim_wer": mean(word_error_rate, offline),
+                "per_passage": {
+                    k: [round(whisper_wer(references[k], texts[k]), 3) for texts in (streamed, offline)]
+                    for k in streamed
+                },
             }
         )
     )
