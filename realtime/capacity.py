@@ -40,24 +40,36 @@ class Capacity:
         self.step_period_seconds = step_period_seconds
         self.steps: deque[_Step] = deque()
         self.started_at = now
+        # Sums over `steps`, kept as steps come and go: a fast family steps hundreds of times
+        # within the window, and every step reads them.
+        self.model_seconds = 0.0
+        self.worked_model_seconds = 0.0  # of the steps that worked for any session
+        self.worked_sessions = 0
 
     def record(self, now: float, model_seconds: float, sessions: int) -> None:
-        self.steps.append(_Step(now, model_seconds, sessions))
-        while self.steps and self.steps[0].ended_at < now - self.config.window_seconds:
-            self.steps.popleft()
+        step = _Step(now, model_seconds, sessions)
+        self.steps.append(step)
+        self._count(step, 1)
+        while self.steps[0].ended_at < now - self.config.window_seconds:
+            self._count(self.steps.popleft(), -1)
+
+    def _count(self, step: _Step, sign: int) -> None:
+        self.model_seconds += sign * step.model_seconds
+        if step.sessions:
+            self.worked_model_seconds += sign * step.model_seconds
+            self.worked_sessions += sign * step.sessions
 
     def busy_share(self, now: float) -> float:
         span = min(self.config.window_seconds, now - self.started_at)
-        return sum(s.model_seconds for s in self.steps) / span if span > 0 else 0.0
+        return self.model_seconds / span if span > 0 else 0.0
 
     @property
     def session_step_seconds(self) -> float:
         """Model seconds per session per step, over the window's steps that decoded any. The
         whole step is charged to its sessions, fixed costs too: an estimate erring low."""
-        worked = [s for s in self.steps if s.sessions]
-        if not worked:
+        if not self.worked_sessions:
             return self.config.session_step_prior
-        return sum(s.model_seconds for s in worked) / sum(s.sessions for s in worked)
+        return self.worked_model_seconds / self.worked_sessions
 
     def sessions(self, busy: float) -> int:
         """How many sessions fit, all speaking, with each step at most `busy` of the period."""
