@@ -69,14 +69,9 @@ class Utterances(dict[str, Utterance]):
 
     def consumed_samples(self) -> dict[str, int]:
         """Per utterance, how much of its client audio the model has computed, less what
-        waits for its text."""
+        waits for its text (`Request.num_done`)."""
         lead, per_position = self.runner.leading_silence_samples, self.runner.samples_per_position
-        consumed = {}
-        for u in self.values():
-            computed = u.request.num_computed
-            done = computed - self.runner.backlog_positions(u.state, computed)
-            consumed[u.id] = max(0, done * per_position - lead)
-        return consumed
+        return {u.id: max(0, u.request.num_done * per_position - lead) for u in self.values()}
 
     def add(self, command: AddUtterance) -> None:
         if command.utterance_id in self:

@@ -33,9 +33,10 @@ class Request:
     # Positions from here on keep their encoder outputs referenced even once computed
     # (a family that re-reads a window of past audio); None: only uncomputed positions.
     retain_from: int | None = None
-    # The family holds work on positions already computed (a window whose decode waits for
-    # room in a step): the request is scheduled with no new positions until it is done.
-    work_waiting: bool = False
+    # The family holds work on the computed positions from here on (a window whose decode
+    # waits for room in a step): the request is scheduled, with no new positions, until it is
+    # done, and its audio from here counts as behind real time. None: no such work.
+    waiting_from: int | None = None
 
     @property
     def num_pending(self) -> int:
@@ -45,7 +46,14 @@ class Request:
     @property
     def wants_step(self) -> bool:
         """New audio to compute, or work the family holds on what is computed."""
-        return self.num_pending > 0 or self.work_waiting
+        return self.num_pending > 0 or self.waiting_from is not None
+
+    @property
+    def num_done(self) -> int:
+        """Computed positions whose work is done: all of them but the family's waiting work."""
+        if self.waiting_from is None:
+            return self.num_computed
+        return min(self.num_computed, self.waiting_from)
 
     @property
     def release_position(self) -> int:

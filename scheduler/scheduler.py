@@ -60,7 +60,7 @@ class Scheduler:
     Per request only the items overlapping its positions `[start, end)` are touched
     (two bisects), so a step costs the same at item 10 and item 32,768.
     A request with no new audio is scheduled only while its family holds work on positions
-    already computed (`Request.work_waiting`), with no positions.
+    already computed (`Request.waiting_from`), with no positions.
     The starting request rotates every step, and one that had audio but got nothing goes
     first the next step: with only the position budget in its way, a request with audio
     is scheduled within `len(requests)` steps. One waiting for encoder-cache room waits

@@ -134,9 +134,10 @@ def test_a_request_whose_family_holds_work_is_scheduled_with_no_new_positions():
     scheduler.add_request(waiting)
     assert [(s.start, s.end) for s in scheduler.schedule().scheduled] == [(0, 8)]
     assert scheduler.schedule().scheduled == []  # nothing new, nothing held
-    waiting.work_waiting = True
+    waiting.waiting_from = 5  # its work on positions 5-7 waits: they are not done
     out = scheduler.schedule()
     assert [(s.start, s.end, s.final) for s in out.scheduled] == [(8, 8, False)] and not out.encoder_inputs
+    assert (waiting.num_computed, waiting.num_done) == (8, 5)
 
 
 def test_cache_smaller_than_encoder_budget_rejected():

@@ -94,11 +94,6 @@ class ModelRunner(Protocol):
         """The VAD heard speech start (or stop, after enough silence) at `position`."""
         ...
 
-    def backlog_positions(self, state: object, computed: int) -> int:
-        """Of the `computed` positions, those whose text is due and still waits for room in a
-        step: they count as behind real time."""
-        ...
-
     def release(self, state: object) -> None:
         """Free the utterance's device state once every submitted step is done with it."""
         ...

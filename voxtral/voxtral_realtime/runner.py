@@ -117,10 +117,6 @@ class VoxtralRunner:
     def turn(self, state: VoxtralStream, speaking: bool, position: int) -> None:
         """Voxtral needs no endpointing: each position's token is final when it is sampled."""
 
-    def backlog_positions(self, state: VoxtralStream, computed: int) -> int:
-        """A computed position's token is sampled in its step: none waits."""
-        return 0
-
     def release(self, state: VoxtralStream) -> None:
         """The slot is free for the next utterance at once: the worker runs in submission
         order, so this utterance's queued steps and cleanup run before the next one's reset."""

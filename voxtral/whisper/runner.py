@@ -105,12 +105,6 @@ class WhisperRunner:
         update = round(p.update_seconds * POSITIONS_PER_SECOND)
         return max(state.turns[0].start + round(least * POSITIONS_PER_SECOND), state.decoded_until + update)
 
-    def backlog_positions(self, state: WhisperStream, computed: int) -> int:
-        """The audio of a turn going on past where its decode was due: windows wait their turn
-        when a step has no room (`WhisperPolicy.max_windows_per_step`)."""
-        due = self._due_from(state)
-        return max(0, computed - due) if due is not None else 0
-
     def release(self, state: WhisperStream) -> None:
         """Nothing device-side is per-utterance for Whisper: the window lives in the encoder cache."""
 
@@ -158,7 +152,7 @@ class WhisperRunner:
         short tail) has arrived, to commit whole; or, with `room` in the step, the turn going on,
         heard long and newly enough."""
         p = self.policy
-        request.work_waiting = False
+        request.waiting_from = None
         turn = state.turns[0] if state.turns else None
         if turn is None or end <= turn.start:
             # Silence: nothing to decode, and the window need not keep it.
@@ -175,7 +169,9 @@ class WhisperRunner:
         elif end < self._due_from(state):
             return None
         elif not room:
-            request.work_waiting = True  # planned again next step, whether audio came or not
+            # Planned again next step, whether audio came or not; behind real time from where
+            # its decode fell due (`WhisperPolicy.max_windows_per_step`).
+            request.waiting_from = self._due_from(state)
             return None
         if end <= state.window_start:
             return None
