@@ -3,7 +3,8 @@
 Each `benchmarks/speech.py` passage (long sentences, several voices, pauses, noise), at each
 start offset (that much silence before it: where windows end moves tiny.en's WER by points),
 streams alone through the engine with no real-time pacing, one step per `--step` seconds of
-audio (0.7 s is about a step's audio at 4 real-time sessions); the same model, as `voxrt serve`
+audio (a real-time session's window is decoded about once per 0.5 s alone, and once per 1.2 s
+at 4 sessions, where a step decodes one window of a turn going on); the same model, as `voxrt serve`
 loads it on a CPU, transcribes it offline too. Prints one JSON line: the mean WER of each, scored
 as Whisper's evaluations score English and verbatim (`benchmarks/text.py`).
 

@@ -127,3 +127,13 @@ def test_words_a_trim_left_in_the_window_are_not_committed_again():
     assert fresh.update(hyp((0, 2.0, " The playground was closed.")), False, False).text == (
         "The playground was closed."
     )
+
+
+def test_local_agreement_commits_a_word_heard_long_enough_though_no_hypothesis_agreed():
+    agreement = WindowCommitter(pending=["Good", "evening"])
+    commit = agreement.update(hyp((0, None, " Good morning, everyone here")), False, False, heard_words=3)
+    assert commit.text == "Good" and commit.interim == "morning, everyone here"
+    commit = agreement.update(
+        hyp((0, None, " Good mourning, everyone there")), False, False, heard_words=3, settled_words=2
+    )
+    assert commit.text == "mourning," and commit.interim == "everyone there"

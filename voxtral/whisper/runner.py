@@ -247,7 +247,11 @@ class WhisperRunner:
             # Encoder frames are two mel frames; the last `holdback` of them is too fresh.
             before = (window.raw.shape[1] - round(p.holdback_seconds * POSITIONS_PER_SECOND)) // 2
             heard = self.words[state.committer.spaced].words_heard(hyp, before)
-        commit = state.committer.update(hyp, window.commit_all, force, may_trim, seconds, heard)
+        settled = 0
+        if hyp is not None and heard and p.settle_seconds < seconds:
+            before = (window.raw.shape[1] - round(p.settle_seconds * POSITIONS_PER_SECOND)) // 2
+            settled = self.words[state.committer.spaced].words_heard(hyp, before)
+        commit = state.committer.update(hyp, window.commit_all, force, may_trim, seconds, heard, settled)
         # Latency counts from the arrival of the committed words' end, as the policy estimates it.
         output = UtteranceOutput(
             finished=window.final,
