@@ -13,12 +13,13 @@ as Whisper's evaluations score English and verbatim (`benchmarks/text.py`).
 
 import argparse
 import json
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from benchmarks.speech import passage, tiny_en_models
-from benchmarks.text import whisper_wer, word_error_rate
+from benchmarks.text import mean_wer, whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
 from realtime.engine import Engine
 from realtime.events import Done
@@ -61,8 +62,8 @@ def main() -> None:
             streamed[key] = streamed_text(runner, shifted.audio, step)
             offline[key] = offline_texts(model, [shifted])[0]
 
-    def mean(score, texts: dict[str, str]) -> float:
-        return round(float(np.mean([score(references[k], texts[k]) for k in texts])), 4)
+    def mean(score: Callable[[str, str], float], texts: dict[str, str]) -> float:
+        return mean_wer(score, [references[k] for k in texts], list(texts.values()))
 
     print(
         json.dumps(

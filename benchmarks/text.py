@@ -8,6 +8,7 @@ reads from a file the embedded models do not ship.
 """
 
 import re
+from collections.abc import Callable
 
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
@@ -37,6 +38,11 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 
 def whisper_wer(reference: str, hypothesis: str) -> float:
     return _rate(_WHISPER_ENGLISH(reference).split(), _WHISPER_ENGLISH(hypothesis).split())
+
+
+def mean_wer(score: Callable[[str, str], float], references: list[str], texts: list[str]) -> float:
+    """The mean over texts of each one's error rate against its reference, as benchmarks print it."""
+    return round(sum(score(r, t) for r, t in zip(references, texts, strict=True)) / len(texts), 4)
 
 
 def char_error_rate(reference: str, hypothesis: str) -> float:

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from difflib import SequenceMatcher
 
 import numpy as np
@@ -34,7 +35,7 @@ from transformers import WhisperFeatureExtractor
 
 from benchmarks.client_process import ClientProcess
 from benchmarks.speech import Passage, passage
-from benchmarks.text import normalize_words, whisper_wer, word_error_rate
+from benchmarks.text import mean_wer, normalize_words, whisper_wer, word_error_rate
 from clients.connection import Utterance
 from realtime.capacity import CapacityConfig
 from realtime.config import EngineConfig
@@ -122,10 +123,6 @@ def summarize(runs: list[dict], busy: float, wall: float) -> dict:
         "wer": mean_wer(whisper_wer, references, texts),
         "verbatim_wer": mean_wer(word_error_rate, references, texts),
     }
-
-
-def mean_wer(score, references: list[str], texts: list[str]) -> float:
-    return round(float(np.mean([score(r, t) for r, t in zip(references, texts, strict=True)])), 4)
 
 
 def english(model: WhisperModel) -> dict:
@@ -317,7 +314,7 @@ def main() -> None:
         for key, m in (("int8", model), ("float32", float32))
     }
 
-    def offline_mean(score, key: str, n: int) -> float:
+    def offline_mean(score: Callable[[str, str], float], key: str, n: int) -> float:
         return round(float(np.mean([mean_wer(score, references[:n], t[:n]) for t in offline[key]])), 4)
 
     out["offline_shifts_s"] = OFFLINE_SHIFTS
