@@ -75,6 +75,13 @@ def append_event(samples: np.ndarray) -> str:
     )
 
 
+def distinct_audio(samples: np.ndarray, session: int) -> np.ndarray:
+    """`samples` with a faint noise of the session's own: every session's audio hashes and
+    encodes differently, as real users' does (identical audio shares caches and flatters)."""
+    noise = np.random.default_rng(session).normal(0, 0.002, len(samples)).astype(np.float32)
+    return samples + noise
+
+
 def stream(connection: ClientConnection, samples: np.ndarray, chunk: int = 3200, final: bool = True) -> None:
     connection.send(json.dumps({"type": "input_audio_buffer.commit"}))
     for offset in range(0, len(samples), chunk):
@@ -114,6 +121,12 @@ def http_get(url: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def metric(port: int, name: str) -> float:
+    """A metric of the server on `port`, summed over its labels."""
+    _, text = http_get(f"http://127.0.0.1:{port}/metrics")
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 def wait_until(ready, seconds: float) -> None:
