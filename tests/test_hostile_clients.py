@@ -17,7 +17,6 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from benchmarks.text import word_error_rate
-from realtime.config import EngineConfig
 from realtime.limits import parse_networks
 from realtime.server import ServerConfig
 from tests.server_harness import ServerProcess, ServerThread, append_event, events_until, stream
