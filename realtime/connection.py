@@ -105,6 +105,9 @@ class Connection:
                 elif self.rate.dropped == 1:
                     rate = f"{self.limits.max_events_per_second:g}"
                     self.send_error("rate_limited", f"over {rate} events per second: events dropped")
+            # Closed by the server (from here, or shed from outside): the close frame with its
+            # reason goes before the handler returns, or websockets would close with 1000.
+            await self.closing
         except ConnectionClosed:
             pass
         finally:
@@ -128,10 +131,12 @@ class Connection:
             pass
 
     async def close(self, code: int, reason: str, message: str) -> None:
-        """An error event, the events queued before it, then the close frame."""
+        """An error event, the events queued before it, then the close frame. Its utterances
+        leave the engine at once: a shed session's capacity is what shedding is for."""
         self.metrics.closes.labels(reason=reason).inc()
         self.send_error(reason, message)
         self.closing = asyncio.ensure_future(self._close_after_outbox(code, reason))
+        self.abort_all()
         await self.closing
 
     async def _close_after_outbox(self, code: int, reason: str) -> None:
@@ -145,7 +150,7 @@ class Connection:
         """Read no further while the engine has more than `max_buffered_seconds` of this
         connection's audio to consume: the client's sends then wait on TCP."""
         limit = self.limits.max_buffered_seconds * SAMPLE_RATE
-        while self.utterances and self._unconsumed_samples() > limit:
+        while self.closing is None and self.utterances and self._unconsumed_samples() > limit:
             await asyncio.sleep(0.05)
 
     def _unconsumed_samples(self) -> int:

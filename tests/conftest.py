@@ -42,6 +42,15 @@ def whisper_dir():
 
 @pytest.fixture(scope="session")
 def whisper_model(whisper_dir):
+    """tiny.en as `voxrt serve` loads it on the CPU: int8 (voxtral/loading.py)."""
+    from voxtral.whisper.model import WhisperModel
+
+    return WhisperModel(whisper_dir, torch.device("cpu"), torch.float32, int8=True)
+
+
+@pytest.fixture(scope="session")
+def whisper_float32(whisper_dir):
+    """tiny.en unquantized: for the tests that hold it against transformers or against int8."""
     from voxtral.whisper.model import WhisperModel
 
     return WhisperModel(whisper_dir, torch.device("cpu"), torch.float32)

@@ -8,17 +8,17 @@ from voxtral.whisper.model import Hypothesis
 from voxtral.whisper.words import TokenWords, split_words
 
 
-def test_step_decoder_and_its_alignment_weights_equal_the_eager_decoder(whisper_dir, whisper_model):
+def test_step_decoder_and_its_alignment_weights_equal_the_eager_decoder(whisper_dir, whisper_float32):
     eager = WhisperForConditionalGeneration.from_pretrained(whisper_dir, attn_implementation="eager").eval()
     torch.manual_seed(0)
-    states = whisper_model.encode(torch.randn(2, whisper_model.n_mels, 1000))
+    states = whisper_float32.encode(torch.randn(2, whisper_float32.n_mels, 1000))
     ids = torch.tensor(
-        [[whisper_model.sot, 50364, 1374, 3329, 11], [whisper_model.sot, 50364, 383, 1200, 373]]
+        [[whisper_float32.sot, 50364, 1374, 3329, 11], [whisper_float32.sot, 50364, 383, 1200, 373]]
     )
     with torch.inference_mode():
-        hidden, ours = whisper_model.steps.read(states, ids)
+        hidden, ours = whisper_float32.steps.read(states, ids)
         reference = eager.model.decoder(input_ids=ids, encoder_hidden_states=states, output_attentions=True)
-    heads = whisper_model.model.generation_config.alignment_heads
+    heads = whisper_float32.model.generation_config.alignment_heads
     expected = torch.stack([reference.cross_attentions[layer][:, head] for layer, head in heads], dim=1)
     assert ours.shape == expected.shape == (2, len(heads), 5, 500)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)

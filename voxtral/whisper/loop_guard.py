@@ -28,14 +28,17 @@ class LoopGuard:
             self.runs.add(run)
         return False
 
-    def drop_loop(self, tokens: list[int], frames: list[int], generated: int) -> int:
-        """Drop the segment in which the repeat ending `tokens` began (and their `frames`),
-        as `drop_repetition` drops a segment repeating an earlier one: what the model said
+    def drop_loop(self, tokens: list[int], generated: int, *per_generated: list) -> int:
+        """Drop the segment in which the repeat ending `tokens` began (and what each list in
+        `per_generated` holds for those tokens: frames, log-probabilities), as
+        `drop_repetition` drops a segment repeating an earlier one: what the model said
         before a loop in the same segment is as made up. At most the last `generated`
         tokens go; how many did."""
         cut = text = 0
         while cut < generated and (text < LOOP_TOKENS or tokens[-cut - 1] < self.eot):
             cut += 1
             text += tokens[-cut] < self.eot
-        del tokens[len(tokens) - cut :], frames[len(frames) - cut :]
+        del tokens[len(tokens) - cut :]
+        for values in per_generated:
+            del values[len(values) - cut :]
         return cut

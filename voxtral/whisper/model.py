@@ -13,6 +13,7 @@ from transformers import WhisperForConditionalGeneration
 
 from voxtral.errors import WeightsError
 from voxtral.whisper.decoder import StepDecoder
+from voxtral.whisper.int8 import quantize_tokenwise
 from voxtral.whisper.loop_guard import LoopGuard
 
 SECONDS_PER_TIMESTAMP = 0.02
@@ -37,6 +38,9 @@ class Hypothesis:
     # For each generated token, the encoder frame (20 ms) the alignment heads attended
     # to most while predicting it: where in the window the token was heard.
     frames: list[int] = field(default_factory=list)
+    # For each generated token, its log-probability: a dropped loop's tokens are gone from
+    # both lists, and from `avg_logprob`.
+    logprobs: list[float] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -49,7 +53,8 @@ class WhisperModel:
     def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> None:
         """`int8` (CPU only): the decoder's linear layers, the vocabulary projection and an
         English-only model's encoder get int8 weights per output channel, activations
-        quantized on the fly. At a few rows (decoding) float32 products are slow on a CPU
+        quantized on the fly (the decoder's token by token: `voxtral/whisper/int8.py`). At
+        a few rows (decoding) float32 products are slow on a CPU
         and int8 ones are not: tiny.en decodes ~3x faster. Its encoder's float32 products
         run near the CPU's peak: int8 takes ~23 % off, offline WER unchanged (README). The
         multilingual base keeps a float32 encoder: int8 garbled its German streamed."""
@@ -125,11 +130,14 @@ class WhisperModel:
             warnings.catch_warnings()
         ):  # torch.ao's eager API is deprecated for torchao, which is not a dependency
             warnings.simplefilter("ignore")
+            # The encoder encodes one window at a time: the activations' one scale is the window's.
             if not self.multilingual:
                 quantize_dynamic(self.model.model.encoder, config, inplace=True)
-            quantize_dynamic(self.model.model.decoder, config, inplace=True)
-            # proj_out shares its weight with the token embedding; only the projection is quantized.
-            self.model.proj_out = quantize_dynamic(nn.Sequential(self.model.proj_out), config)[0]
+        # The decoder works on a batch of sessions: its activations are quantized token by
+        # token, so that a session's words do not depend on the sessions beside it. proj_out
+        # shares its weight with the token embedding; only the projection is quantized.
+        quantize_tokenwise(self.model.model.decoder)
+        self.model.proj_out = quantize_tokenwise(self.model.proj_out)
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor) -> torch.Tensor:
@@ -204,8 +212,9 @@ class WhisperModel:
         cache = self.steps.start(encoder_states, lengths, width + max(max_new_tokens))
         generated: list[list[int]] = [list(f) for f in forced]
         frames: list[list[int]] = [[] for _ in range(batch)]
+        token_logprobs: list[list[float]] = [[] for _ in range(batch)]
+        end_logprob = [0.0] * batch  # of end-of-text, where a row chose it
         num_new = [0] * batch
-        sum_logprob = [0.0] * batch
         done = [False] * batch
         no_speech_prob: list[float] = []
         guards = [LoopGuard(f, self.eot) for f in forced]
@@ -227,17 +236,19 @@ class WhisperModel:
             for row, token in enumerate(next_ids.tolist()):
                 if done[row]:
                     continue
-                sum_logprob[row] += chosen[row]
                 if token == self.eot:
-                    done[row] = True
+                    end_logprob[row], done[row] = chosen[row], True
                     continue
                 generated[row].append(token)
                 frames[row].append(heard_at[row])
+                token_logprobs[row].append(chosen[row])
                 num_new[row] += 1
                 if num_new[row] >= max_new_tokens[row]:
                     done[row] = True
                 if guards[row].repeats(token):
-                    num_new[row] -= guards[row].drop_loop(generated[row], frames[row], num_new[row])
+                    num_new[row] -= guards[row].drop_loop(
+                        generated[row], num_new[row], frames[row], token_logprobs[row]
+                    )
                     done[row] = True
             if all(done):
                 break
@@ -249,9 +260,10 @@ class WhisperModel:
                 tokens,
                 self.segments(tokens),
                 no_speech_prob[row],
-                sum_logprob[row] / (num_new[row] + 1),
+                (sum(token_logprobs[row]) + end_logprob[row]) / (num_new[row] + 1),
                 len(forced[row]),
                 frames[row],
+                token_logprobs[row],
             )
             for row, tokens in enumerate(generated)
         ]
