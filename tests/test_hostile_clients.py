@@ -1,7 +1,9 @@
 """Careless and hostile clients over a real socket: idle, flooding, uploading an hour at once,
 many from one address, a foreign origin. The well-behaved sessions beside them get their text."""
 
+import asyncio
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -315,3 +317,37 @@ def test_well_behaved_sessions_get_their_text_whatever_the_hostile_ones_do(
     finally:
         harness.stop()
     assert harness.engine.stats().utterances == 0
+
+
+# A client uploading noise as fast as the server reads it, until it is stopped.
+UPLOADER = """
+import base64, json, sys
+import numpy as np
+from websockets.sync.client import connect
+noise = (np.random.default_rng(0).normal(0, 3000, 16000)).astype("<i2").tobytes()
+audio = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(noise).decode()})
+with connect(sys.argv[1]) as ws:
+    for _ in range(3600):
+        ws.send(audio)
+"""
+
+
+def test_a_connection_the_server_closes_leaves_the_engine_at_once(whisper_model):
+    """Shedding closes a connection from outside its reader. A client that has stopped (it
+    answers no close frame) holds the close for websockets' close timeout: its utterance
+    leaves the engine as the close begins, not once the handshake gives up."""
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_buffered_seconds=1.0))
+    uploader = subprocess.Popen([sys.executable, "-c", UPLOADER, harness.url])
+    try:
+        wait_until(lambda: harness.engine.stats().utterances == 1, 60)
+        uploader.send_signal(signal.SIGSTOP)
+        (connection,) = harness.server.connections
+        closing = asyncio.run_coroutine_threadsafe(
+            connection.close(1013, "server_overloaded", "shed by the test"), harness.loop
+        )
+        wait_until(lambda: harness.engine.stats().utterances == 0 or closing.done(), 60)
+        assert harness.engine.stats().utterances == 0 and not closing.done()
+        closing.result(timeout=60)
+    finally:
+        uploader.kill()
+        harness.stop()
