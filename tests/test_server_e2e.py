@@ -16,7 +16,7 @@ from realtime.config import EngineConfig
 from realtime.engine import Engine
 from realtime.server import RealtimeServer, ServerConfig
 from tests.conftest import espeak
-from tests.server_harness import ServerThread, append_event, events_until, expect_error, stream
+from tests.server_harness import ServerThread, append_event, events_until, expect_error, stream, wait_until
 from voxtral.whisper.runner import WhisperRunner
 
 FIRST_SECONDS = (
@@ -360,3 +360,28 @@ def test_a_dead_engine_ends_serve_with_exit_status_1(whisper_model, monkeypatch)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
+
+
+def test_a_commit_during_a_drain_starts_no_utterance(whisper_model, welcome):
+    """A drain ends every input. A vLLM client that commits once its utterance is done is told
+    the server is draining, and is closed with 1001: no utterance starts to be cut unfinished."""
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(drain_seconds=30))
+    samples, _ = welcome
+    busy, client = harness.connect(), harness.connect()
+    try:
+        stream(busy, np.tile(samples, 2), 16000, final=False)  # keeps the drain going a while
+        stream(client, samples[:16000], 16000, final=False)
+        sent = 1 + 2 * len(samples) / 16000
+        wait_until(lambda: harness.metrics()["voxrt_audio_seconds_total"] >= sent - 1e-3, 30)
+        drain = asyncio.run_coroutine_threadsafe(harness.server.drain_and_stop(), harness.loop)
+        events_until(client, "transcription.done")
+        client.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        error = json.loads(client.recv(timeout=30))
+        assert (error["type"], error["code"]) == ("error", "shutting_down"), error
+        with pytest.raises(ConnectionClosed) as closed:
+            client.recv(timeout=60)
+        assert closed.value.rcvd.code == 1001
+        assert events_until(busy, "transcription.done")[-1]["usage"]["audio_seconds"] > 20
+        drain.result(timeout=60)
+    finally:
+        harness.loop.call_soon_threadsafe(harness.loop.stop)

@@ -135,6 +135,10 @@ class VllmSession:
                     raise ProtocolError("input_finished", "audio after the final commit: wait for done")
                 self.connection.add_audio(self._running(), event.samples)
             else:
+                if self.connection.draining:  # every input has ended: a commit starts nothing
+                    if self.utterance is None:
+                        raise ProtocolError("shutting_down", "the server is draining: no new utterance")
+                    return
                 if self.utterance in self.connection.finishing:
                     raise ProtocolError("input_finished", "input already finished: wait for done")
                 utterance = self._running()
