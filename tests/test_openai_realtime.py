@@ -248,3 +248,62 @@ def test_strict_model_refuses_a_model_it_does_not_serve(whisper_model):
             assert (error["type"], error["code"]) == ("error", "unknown_model")
     finally:
         harness.stop()
+
+
+def test_manual_commits_keep_the_session_clock_on_the_audio_sent(server, turns):
+    """A commit flushes what the 24 kHz resampler still holds into the item: the session's
+    clock (`audio_start_ms` and `audio_end_ms` count on it) moves by it too, or every commit
+    would leave the clock behind the audio by the resampler's delay."""
+    url = server.url + "?intent=transcription"
+    with connect(url, additional_headers={"Authorization": "Bearer sk-test"}) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update", "session": transcription_session(None)}))
+        for turn in turns:
+            for offset in range(0, len(turn), 4800):
+                ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": b64(turn[offset : offset + 4800])}
+                    )
+                )
+            ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        for _ in turns:
+            events_until(ws, "conversation.item.input_audio_transcription.completed")
+        sent = sum(len(t) for t in turns) / 24000
+        (connection,) = [c for c in server.server.connections if abs(c.audio_seconds - sent) < 0.01]
+        assert connection.wire.session_samples == round(connection.audio_seconds * 16000)
+
+
+@pytest.mark.slow
+def test_model_url_16khz_longer_vad_silence_clear_and_item_done(server, turns):
+    """`?model=` picks OpenAI's wire; 16 kHz (voxrt's extension) goes in unresampled; a
+    `silence_duration_ms` longer than the pause between two sentences keeps them one item;
+    `clear` drops the buffer's audio unheard; each item ends with `conversation.item.done`."""
+    url = server.url + "?model=gpt-4o-transcribe"
+    at_16k = [soxr.resample(turn, 24000, 16000) for turn in turns]
+    with connect(url, additional_headers={"Authorization": "Bearer sk-test"}) as ws:
+        created = json.loads(ws.recv(timeout=10))
+        assert created["type"] == "session.created" and created["session"]["type"] == "transcription"
+        vad = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 2000}
+        session = transcription_session(vad)
+        session["audio"]["input"]["format"]["rate"] = 16000
+        ws.send(json.dumps({"type": "session.update", "session": session}))
+        updated = json.loads(ws.recv(timeout=10))
+        assert updated["session"]["audio"]["input"]["format"]["rate"] == 16000
+        assert updated["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 2000
+
+        def send(samples: np.ndarray) -> None:
+            for offset in range(0, len(samples), 3200):
+                append = {"type": "input_audio_buffer.append", "audio": b64(samples[offset : offset + 3200])}
+                ws.send(json.dumps(append))
+
+        send(at_16k[2][: 16000 // 2])  # half a second of the third sentence, then cleared
+        ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        assert events_until(ws, "input_audio_buffer.cleared")[-1]["type"] == "input_audio_buffer.cleared"
+        send(np.concatenate([at_16k[0], at_16k[1], np.zeros(3 * 16000, np.float32)]))
+        events = events_until(ws, "conversation.item.done")
+    committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+    (completed,) = [e for e in events if e["type"].endswith("input_audio_transcription.completed")]
+    assert len(committed) == 1 and events[-1]["item"]["id"] == completed["item_id"] == committed[0]["item_id"]
+    # Both sentences in one item (1.2 s pauses under a 2 s silence), nothing of the cleared one.
+    assert word_error_rate(" ".join(SENTENCES[:2]), completed["transcript"]) <= 0.2, completed
+    assert events[-1]["item"]["content"][0]["transcript"] == completed["transcript"]

@@ -120,6 +120,10 @@ class OpenAISession:
             self.utterance = self.connection.start_utterance(vad or None, asked)
             self.items[self.utterance] = new_id("item")
             self.item_start_ms[self.utterance] = self.session_samples * 1000 // SAMPLE_RATE
+        self._buffer(samples)
+
+    def _buffer(self, samples: np.ndarray) -> None:
+        """16 kHz audio into the input buffer, on the session's clock."""
         self.connection.add_audio(self.utterance, samples)
         self.buffered_samples += len(samples)
         self.session_samples += len(samples)
@@ -130,9 +134,7 @@ class OpenAISession:
                 "input_audio_buffer_commit_empty", "the input audio buffer is empty", event_id
             )
         if self.resampler is not None:  # what it still holds belongs to this item
-            self.connection.add_audio(
-                self.utterance, self.resampler.resample_chunk(np.zeros(0, np.float32), last=True)
-            )
+            self._buffer(self.resampler.resample_chunk(np.zeros(0, np.float32), last=True))
             self.resampler = self._resampler()
         self._end_item()
 
