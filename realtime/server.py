@@ -248,7 +248,7 @@ class RealtimeServer:
             await connection.websocket.close(1001, "server shutting down")
         if self.server is not None:
             await self.server.wait_closed()
-        self.engine.stop()
+        await asyncio.to_thread(self.engine.stop)  # a join: the loop serves probes meanwhile
         log.info("server.stopped")
 
     async def serve_until_signal(self) -> int:
