@@ -198,3 +198,14 @@ def test_soak_fails_a_server_whose_memory_grows_and_passes_one_that_holds_flat()
     leaking = soak_report([300, 700, 760, 820, 880, 940, 1000, 1060])
     failures = soak.verdict(leaking, args)
     assert len(failures) == 1 and "RSS grew 300 MB after warm-up" in failures[0]
+
+
+@pytest.mark.slow
+def test_demo_serves_and_transcribes_the_bundled_sample(welcome):
+    """README's main job: `voxrt demo` serves the default model on a free port and streams
+    the bundled recording through it in real time."""
+    _, text = welcome
+    result = voxrt("demo")
+    assert result.returncode == 0, result.stderr
+    final = result.stdout.strip().splitlines()[-1]
+    assert final.startswith("final: ") and word_error_rate(text, final.removeprefix("final: ")) <= 0.1, final

@@ -8,3 +8,38 @@ def test_ci_runs_the_readme_test_command():
     ci_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci_command.startswith("bash scripts/setup.sh") and "pytest" in ci_command
     assert f"```bash\n{ci_command}\n```" in readme
+
+
+def _readme_default(text: str) -> list:
+    """A default as README's limits table writes it, as the parser holds it."""
+    words = {"any": "", "none": None, "1 MiB": 1 << 20}
+    if text in words:
+        return [words[text]]
+    return [float(value.split()[0]) for value in text.split(", ")]
+
+
+def test_the_limits_table_gives_the_cli_defaults():
+    import argparse
+
+    from realtime.cli import _add_serve_arguments
+
+    parser = argparse.ArgumentParser()
+    _add_serve_arguments(parser)
+    defaults = {
+        action.option_strings[0]: action.default for action in parser._actions if action.option_strings
+    }
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| limit | default |") :].split("\n\n")[0].splitlines()[2:]
+    checked = 0
+    for row in table:
+        flags_cell, default_cell = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        flags = [flag.strip("` ") for flag in flags_cell.split(",")]
+        written = _readme_default(default_cell)
+        for flag, value in zip(flags, written * len(flags) if len(written) == 1 else written, strict=True):
+            actual = defaults[flag]
+            expected = float(actual) if isinstance(actual, int | float) else actual
+            if flag == "--api-key":  # from VOXRT_API_KEY when set
+                continue
+            assert value == expected, (flag, default_cell, actual)
+            checked += 1
+    assert checked >= 10

@@ -8,12 +8,13 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.conftest import ROOT
-from tests.server_harness import events_until, stream
+from tests.server_harness import events_until, http_get, stream, wait_until
 
 
 def start_server(*extra: str, model: str = "whisper-tiny.en") -> tuple[subprocess.Popen, str]:
@@ -42,7 +43,8 @@ def start_server(*extra: str, model: str = "whisper-tiny.en") -> tuple[subproces
 
 
 @pytest.mark.slow
-def test_sigterm_drains_utterances_and_exits_zero(welcome):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_drain_utterances_and_exit_zero(welcome, stop):
     samples, _ = welcome
     process, url = start_server("--drain-seconds", "30")
     try:
@@ -55,7 +57,7 @@ def test_sigterm_drains_utterances_and_exits_zero(welcome):
             while "voxrt_audio_seconds_total 4.0" not in urllib.request.urlopen(metrics_url).read().decode():
                 assert time.monotonic() < deadline, "the server never received the audio"
                 time.sleep(0.05)
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(stop)
             done = events_until(ws, "transcription.done", timeout=60)[-1]
             assert "morning" in done["text"].lower()
             with pytest.raises(ConnectionClosed) as closed:
@@ -67,5 +69,28 @@ def test_sigterm_drains_utterances_and_exits_zero(welcome):
         assert "server.draining" in events and "server.stopped" in events
         ends = [r for r in logs if r["event"] == "connection.close"]
         assert ends and ends[0]["connection_id"].startswith("sess-") and ends[0]["audio_seconds"] == 4.0
+    finally:
+        process.kill()
+
+
+@pytest.mark.slow
+def test_a_drain_past_its_seconds_closes_what_is_left_with_1001(welcome):
+    """An utterance the drain cannot finish within `--drain-seconds` is closed with 1001,
+    its text owed no longer, and the server exits 0 all the same."""
+    samples, _ = welcome
+    process, url = start_server("--drain-seconds", "0.5")
+    try:
+        with connect(url, open_timeout=10) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+            stream(ws, np.tile(samples, 6), 16000, final=False)  # a minute to transcribe
+            metrics_url = url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
+            wait_until(lambda: "voxrt_utterances_active 1.0" in http_get(metrics_url)[1], 60)
+            process.send_signal(signal.SIGTERM)
+            events = []
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    events.append(json.loads(ws.recv(timeout=60))["type"])
+            assert closed.value.rcvd.code == 1001 and "transcription.done" not in events
+        assert process.wait(timeout=60) == 0
     finally:
         process.kill()
