@@ -60,7 +60,7 @@ def main() -> None:
             key = f"{index}@{seconds}"
             references[key] = p.text
             streamed[key] = streamed_text(runner, shifted.audio, step)
-            offline[key] = offline_texts(model, [shifted])[0]
+            offline[key] = offline_texts(model, [shifted.audio])[0]
 
     def mean(score: Callable[[str, str], float], texts: dict[str, str]) -> float:
         return mean_wer(score, [references[k] for k in texts], list(texts.values()))

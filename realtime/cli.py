@@ -108,9 +108,7 @@ def build_server(args: argparse.Namespace):
         trusted_proxies=parse_networks(args.trusted_proxies),
         allowed_origins=[o.strip() for o in args.allowed_origins.split(",") if o.strip()],
     )
-    server = RealtimeServer(engine, server_config, loaded.names, loaded.label)
-    engine.on_step = lambda seconds, _: server.metrics.step_seconds.observe(seconds)
-    return server
+    return RealtimeServer(engine, server_config, loaded.names, loaded.label)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -70,6 +70,7 @@ class RealtimeServer:
         self.engine = engine
         self.config = config
         self.metrics = Metrics(engine)
+        engine.on_step = lambda seconds, _: self.metrics.step_seconds.observe(seconds)
         self.model_label = model_label
         self.limits = ConnectionLimits(
             config.outbox_events,

@@ -132,9 +132,9 @@ def test_soak_passes_on_a_healthy_server(server, tmp_path):
         "--sessions",
         "2",
         "--duration",
-        "24s",
+        "12s",
         "--speed",
-        "1.5",
+        "3",
         "--churn",
         "--sample-seconds",
         "2",
@@ -164,7 +164,7 @@ def test_soak_catches_a_leaking_server(whisper_model, tmp_path):
             "--sessions",
             "2",
             "--duration",
-            "16s",
+            "8s",
             "--speed",
             "3",
             "--churn",
@@ -201,11 +201,15 @@ def test_soak_fails_a_server_whose_memory_grows_and_passes_one_that_holds_flat()
 
 
 @pytest.mark.slow
-def test_demo_serves_and_transcribes_the_bundled_sample(welcome):
-    """README's main job: `voxrt demo` serves the default model on a free port and streams
-    the bundled recording through it in real time."""
-    _, text = welcome
-    result = voxrt("demo")
+def test_demo_serves_and_transcribes_a_file(welcome, tmp_path):
+    """README's main job: `voxrt demo [FILE]` serves the default model on a free port and
+    streams the file (by default the bundled sample) through it in real time."""
+    import soundfile
+
+    samples, _ = welcome
+    first_sentences = tmp_path / "first.wav"
+    soundfile.write(first_sentences, samples[: 4 * 16000], 16000)
+    result = voxrt("demo", str(first_sentences))
     assert result.returncode == 0, result.stderr
     final = result.stdout.strip().splitlines()[-1]
-    assert final.startswith("final: ") and word_error_rate(text, final.removeprefix("final: ")) <= 0.1, final
+    assert final.lower().startswith("final: good morning everyone. today we will"), final

@@ -289,27 +289,33 @@ def test_twenty_concurrent_sessions_each_get_their_own_text(server, tmp_path):
     assert wait_until_idle(server)["voxrt_encoder_cache_rows"] == 0
 
 
-def test_health_and_metrics_endpoints(server):
-    status, body = server.get("/health")
-    health = json.loads(body)
-    assert status == 200 and health["status"] == "ok" and health["model"] == "whisper-tiny.en"
-    metrics = server.metrics()
-    for name in (
-        "voxrt_connections_active",
-        "voxrt_utterances_active",
-        "voxrt_utterances_total",
-        "voxrt_audio_seconds_total",
-        "voxrt_tokens_total",
-        "voxrt_step_seconds_count",
-        "voxrt_time_to_first_delta_seconds_count",
-        "voxrt_delta_latency_seconds_count",
-        "voxrt_encoder_cache_rows",
-        "voxrt_encoder_cache_capacity_rows",
-        "voxrt_feature_cache_queries_total",
-        "voxrt_feature_cache_hits_total",
-        "process_resident_memory_bytes",
-    ):
-        assert name in metrics, name
+def test_health_and_metrics_endpoints(whisper_model, welcome):
+    """One utterance on a fresh server: each figure says what happened, not only that it exists."""
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig())
+    samples, _ = welcome
+    try:
+        status, body = harness.get("/health")
+        health = json.loads(body)
+        assert status == 200 and health["status"] == "ok" and health["model"] == "whisper-tiny.en"
+        assert (health["connections"], health["utterances"]) == (0, 0)
+        with harness.connect() as ws:
+            stream(ws, samples)
+            events = events_until(ws, "transcription.done")
+        deltas = [e for e in events if e["type"] == "transcription.delta"]
+        metrics = wait_until_idle(harness)
+    finally:
+        harness.stop()
+    assert metrics["voxrt_connections_active"] == metrics["voxrt_utterances_active"] == 0
+    assert metrics["voxrt_utterances_total"] == 1
+    assert metrics["voxrt_audio_seconds_total"] == pytest.approx(len(samples) / 16000, abs=1e-3)
+    assert metrics["voxrt_tokens_total"] >= events[-1]["usage"]["completion_tokens"] > 0
+    assert metrics["voxrt_step_seconds_count"] >= 1 and metrics["voxrt_step_seconds_sum"] > 0
+    assert metrics["voxrt_time_to_first_delta_seconds_count"] == 1
+    assert metrics["voxrt_delta_latency_seconds_count"] == len(deltas) > 0
+    assert metrics["voxrt_encoder_cache_rows"] == 0 < metrics["voxrt_encoder_cache_capacity_rows"]
+    assert metrics["voxrt_feature_cache_queries_total"] > 0
+    assert 0 <= metrics["voxrt_feature_cache_hits_total"] <= metrics["voxrt_feature_cache_queries_total"]
+    assert metrics["process_resident_memory_bytes"] > 100 << 20
 
 
 class EngineBug(BaseException):

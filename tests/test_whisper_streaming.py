@@ -4,7 +4,10 @@ import numpy as np
 import pytest
 from transformers import WhisperFeatureExtractor, WhisperTokenizerFast
 
-from benchmarks.text import word_error_rate
+from benchmarks.real_speech import recording
+from benchmarks.streaming_wer import streamed_text
+from benchmarks.text import whisper_wer, word_error_rate
+from benchmarks.whisper_streaming import offline_texts
 from realtime.engine import Engine
 from realtime.events import Delta, Done
 from tests.conftest import espeak
@@ -140,3 +143,20 @@ def test_silence_and_noise_give_no_text(runner):
     for name in audios:
         done = [e for e in events[name] if isinstance(e, Done)]
         assert len(done) == 1 and done[0].text == "", (name, done)
+
+
+@pytest.mark.slow
+def test_real_recordings_streamed_are_as_right_as_offline(runner):
+    """People reading (benchmarks/real_speech.py), streamed one step per 0.7 s of audio with no
+    clock, against the book's words and against the same served model's offline transcript."""
+    step = round(0.7 * 16000)
+    cities, beckett = recording("two_cities"), recording("beckett")
+    assert len(cities.audio) + len(beckett.audio) < 60 * 16000
+    offline = offline_texts(runner.model, [cities.audio])[0]
+    streamed = streamed_text(runner, cities.audio, step)
+    print(f"two_cities: streamed {whisper_wer(cities.reference, streamed):.3f}, offline "
+          f"{whisper_wer(cities.reference, offline):.3f}")  # fmt: skip
+    assert whisper_wer(cities.reference, streamed) <= whisper_wer(cities.reference, offline) + 0.02, streamed
+    offline = offline_texts(runner.model, [beckett.audio])[0]
+    streamed = streamed_text(runner, beckett.audio, step)
+    assert whisper_wer(offline, streamed) <= 0.1, (offline, streamed)
