@@ -37,7 +37,7 @@ async def _watch_lag(port: int, lags: list[float], stop: asyncio.Event) -> None:
 
 
 def test_twelve_sessions_at_once_get_real_time_or_a_clear_503(welcome):
-    samples, _ = welcome
+    samples = welcome[0][: 5 * 16000]
     with serve() as port:
         url = f"ws://127.0.0.1:{port}/v1/realtime"
 
@@ -75,7 +75,7 @@ def test_twelve_sessions_at_once_get_real_time_or_a_clear_503(welcome):
 
 def test_when_everyone_speaks_at_once_the_newest_are_shed(welcome):
     samples, _ = welcome
-    silence = np.zeros(16000 * 3, np.float32)
+    silence = np.zeros(16000 * 2, np.float32)
     speech = np.concatenate([samples, samples])
     # Overcommitted on purpose (as an operator may): 12 sessions admitted while silent, then
     # all speaking at once for 21 s, each its own audio, on one thread. A session waits for

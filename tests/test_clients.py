@@ -14,7 +14,7 @@ from clients import mic, soak
 from realtime.config import EngineConfig
 from realtime.server import ServerConfig
 from tests.conftest import ROOT, SAMPLES
-from tests.server_harness import ServerThread
+from tests.server_harness import ServerThread, wait_until
 from voxtral.whisper.runner import WhisperRunner
 
 WELCOME = str(SAMPLES / "welcome.wav")
@@ -101,7 +101,9 @@ def test_mic_with_input_file_stops_cleanly_on_sigint(server, welcome):
     out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     final = out.strip().splitlines()[-1]
-    assert "morning" in final.lower() and word_error_rate(text, final) < 1.0, out
+    # Cut short by Ctrl-C: what it heard is the start of the text, word for word.
+    heard_of = " ".join(text.split()[: len(final.split())])
+    assert "morning" in final.lower() and word_error_rate(heard_of, final) <= 0.2, out
     assert "Traceback" not in err
 
 
@@ -213,3 +215,27 @@ def test_demo_serves_and_transcribes_a_file(welcome, tmp_path):
     assert result.returncode == 0, result.stderr
     final = result.stdout.strip().splitlines()[-1]
     assert final.lower().startswith("final: good morning everyone. today we will"), final
+
+
+@pytest.mark.slow
+def test_stream_waits_for_a_busy_server_as_its_retry_after_asks(whisper_model):
+    """A full server answers 503 with Retry-After; `voxrt stream` says so, waits, and gets in
+    once a seat is free."""
+    full = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=1))
+    try:
+        seated = full.connect()
+        client = subprocess.Popen(
+            [sys.executable, "-m", "realtime.cli", "stream", WELCOME, "--url", full.url, "--speed", "0"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(lambda: full.metrics().get("voxrt_refusals_total{reason=server_busy}", 0) >= 1, 60)
+        seated.close()
+        out, err = client.communicate(timeout=120)
+    finally:
+        full.stop()
+    assert client.returncode == 0, err
+    assert "server refused (HTTP 503); retrying" in err
+    assert "morning" in out.lower()

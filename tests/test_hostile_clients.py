@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
@@ -105,8 +105,8 @@ def test_an_hour_uploaded_at_full_speed_is_transcribed_in_bounded_memory(welcome
     rest = np.zeros(54 * 16000, np.float32)
     minute = [append_event(turn)] + [append_event(rest[i : i + 16000]) for i in range(0, len(rest), 16000)]
     # Admission out of the way: one upload is what is measured here (tests/test_capacity.py
-    # tests admission); one thread, as each of 2 cores' replicas runs.
-    server = ServerProcess("--max-sessions=2", "--target-busy=100", "--max-lag-seconds=3600", "--threads=1")
+    # tests admission).
+    server = ServerProcess("--max-sessions=2", "--target-busy=100", "--max-lag-seconds=3600")
     try:
 
         def upload(minutes: int) -> dict:
@@ -245,13 +245,14 @@ def test_origin_check_refuses_foreign_browsers_only(whisper_model):
 
 
 HOSTILE = st.lists(
-    st.sampled_from(["idle", "flood", "garbage", "vanish", "no_reader"]), min_size=1, max_size=4
+    st.sampled_from(["idle", "flood", "garbage", "vanish", "no_reader"]), min_size=1, max_size=5
 )
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(hostile=HOSTILE)
+@example(hostile=["idle", "flood", "garbage", "vanish", "no_reader"])  # every kind at once
 def test_well_behaved_sessions_get_their_text_whatever_the_hostile_ones_do(
     whisper_model, welcome_4s, hostile
 ):
@@ -283,13 +284,14 @@ def test_well_behaved_sessions_get_their_text_whatever_the_hostile_ones_do(
         return None
 
     # Each hostile client is closed with its own reason: the idle one after `idle_seconds`;
-    # the flood and the garbage (an error event back for each) and the one that never reads
-    # fill an outbox of 8, or the rate bucket first; an error at most, never a crash.
+    # the flood fills the rate bucket or an outbox of 8; the garbage (an error event back for
+    # each) and the one that does not read fill the outbox, unless the websockets client's own
+    # reader took the events in time, and then they are idle once answered.
     fates = {
         "idle": {(1000, "idle_timeout")},
         "flood": {(1008, "rate_limited"), (1008, "slow_consumer: client is not reading events")},
         "garbage": {(1008, "slow_consumer: client is not reading events"), (1000, "idle_timeout")},
-        "no_reader": {(1008, "slow_consumer: client is not reading events")},
+        "no_reader": {(1008, "slow_consumer: client is not reading events"), (1000, "idle_timeout")},
         "vanish": {None},
     }
     outcomes: dict[int, tuple[int, str] | None] = {}

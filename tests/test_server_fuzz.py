@@ -98,7 +98,7 @@ def test_fuzzed_messages_never_break_the_server(whisper_model, welcome):
     neighbour.start()
     fuzz_ws = harness.connect()
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(messages)
     def throw(message):
         fuzz_ws.send(message)
