@@ -143,7 +143,7 @@ class ServerProcess:
     """`voxrt serve` as its own process on a free port, as an operator runs it; ready once
     `/health/ready` says so."""
 
-    def __init__(self, *flags: str, log_path=None) -> None:
+    def __init__(self, *flags: str, log_path=None, wait: bool = True) -> None:
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}/v1/realtime"
         self.log = open(log_path, "w") if log_path else None  # noqa: SIM115 - the process holds it
@@ -160,6 +160,10 @@ class ServerProcess:
             cwd=Path(__file__).resolve().parent.parent,
             stderr=self.log,
         )
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         wait_until(self._ready, 180)
 
     def _ready(self) -> bool:

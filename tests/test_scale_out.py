@@ -30,7 +30,10 @@ class Cluster:
     def __init__(self, tmp_path) -> None:
         if shutil.which("haproxy") is None:
             pytest.fail("haproxy is needed: bash scripts/setup.sh installs it")
-        self.replicas = [ServerProcess(*REPLICA_FLAGS, log_path=tmp_path / f"replica{i}.log") for i in (1, 2)]
+        logs = [tmp_path / f"replica{i}.log" for i in (1, 2)]
+        self.replicas = [ServerProcess(*REPLICA_FLAGS, log_path=log, wait=False) for log in logs]
+        for replica in self.replicas:  # both load their models at once
+            replica.wait_ready()
         self.ports = [replica.port for replica in self.replicas]
         self.listen, self.stats, self.nobody = free_port(), free_port(), free_port()
         env = dict(
