@@ -150,7 +150,7 @@ class Connection:
         """Read no further while the engine has more than `max_buffered_seconds` of this
         connection's audio to consume: the client's sends then wait on TCP."""
         limit = self.limits.max_buffered_seconds * SAMPLE_RATE
-        while self.closing is None and self.utterances and self._unconsumed_samples() > limit:
+        while self.utterances and self._unconsumed_samples() > limit:
             await asyncio.sleep(0.05)
 
     def _unconsumed_samples(self) -> int:

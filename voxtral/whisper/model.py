@@ -54,8 +54,8 @@ class WhisperModel:
         """`int8` (CPU only): the decoder's linear layers, the vocabulary projection and an
         English-only model's encoder get int8 weights per output channel, activations
         quantized on the fly (the decoder's token by token: `voxtral/whisper/int8.py`). At
-        a few rows (decoding) float32 products are slow on a CPU
-        and int8 ones are not: tiny.en decodes ~3x faster. Its encoder's float32 products
+        a few rows (decoding) float32 products are slow on a CPU and int8 ones are not:
+        tiny.en decodes ~3x faster. Its encoder's float32 products
         run near the CPU's peak: int8 takes ~23 % off, offline WER unchanged (README). The
         multilingual base keeps a float32 encoder: int8 garbled its German streamed."""
         try:
@@ -214,7 +214,6 @@ class WhisperModel:
         frames: list[list[int]] = [[] for _ in range(batch)]
         token_logprobs: list[list[float]] = [[] for _ in range(batch)]
         end_logprob = [0.0] * batch  # of end-of-text, where a row chose it
-        num_new = [0] * batch
         done = [False] * batch
         no_speech_prob: list[float] = []
         guards = [LoopGuard(f, self.eot) for f in forced]
@@ -242,13 +241,10 @@ class WhisperModel:
                 generated[row].append(token)
                 frames[row].append(heard_at[row])
                 token_logprobs[row].append(chosen[row])
-                num_new[row] += 1
-                if num_new[row] >= max_new_tokens[row]:
+                if len(frames[row]) >= max_new_tokens[row]:
                     done[row] = True
                 if guards[row].repeats(token):
-                    num_new[row] -= guards[row].drop_loop(
-                        generated[row], num_new[row], frames[row], token_logprobs[row]
-                    )
+                    guards[row].drop_loop(generated[row], len(frames[row]), frames[row], token_logprobs[row])
                     done[row] = True
             if all(done):
                 break
@@ -260,7 +256,7 @@ class WhisperModel:
                 tokens,
                 self.segments(tokens),
                 no_speech_prob[row],
-                (sum(token_logprobs[row]) + end_logprob[row]) / (num_new[row] + 1),
+                (sum(token_logprobs[row]) + end_logprob[row]) / (len(token_logprobs[row]) + 1),
                 len(forced[row]),
                 frames[row],
                 token_logprobs[row],
