@@ -202,9 +202,12 @@ def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
 @pytest.mark.slow
 def test_client_that_vanishes_mid_stream_leaves_nothing(server, welcome):
     samples, _ = welcome
+    before = server.metrics()["voxrt_audio_seconds_total"]
     ws = server.connect()
     stream(ws, samples[: 16000 * 5], final=False)
-    time.sleep(1.0)
+    # Mid stream: the server holds all 5 s and its engine works on them.
+    wait_until(lambda: server.metrics()["voxrt_audio_seconds_total"] >= before + 5 - 1e-3, 30)
+    wait_until(lambda: server.engine.stats().steps > 0 and server.engine.stats().utterances == 1, 30)
     ws.socket.close()  # no close frame: the client just disappears
     metrics = wait_until_idle(server)
     assert metrics["voxrt_engine_utterances"] == 0
