@@ -22,6 +22,8 @@ from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import Transcription
 from voxtral.vad import VadConfig
 
+RECV_WAITED_SECONDS = 0.01  # a read that took this long found no event already waiting
+
 
 class WireSession(Protocol):
     def opened(self) -> None:
@@ -66,6 +68,7 @@ class Connection:
         self.sent_samples: dict[str, int] = {}  # per utterance, audio handed to the engine
         self.audio_started_at: dict[str, float] = {}  # per utterance, when its first audio came
         self.delta_sent: set[str] = set()  # utterances whose first delta went out
+        self.read_all_at = time.monotonic()  # when a read last found nothing waiting in TCP
         self.rate = EventRate(limits.max_events_per_second)
         self.num_utterances = 0
         self.idle = asyncio.Event()  # no utterance in the engine
@@ -87,8 +90,11 @@ class Connection:
         try:
             while self.closing is None:
                 try:
+                    asked_at = time.monotonic()
                     async with asyncio.timeout(self.limits.idle_seconds):
                         message = await self.websocket.recv()
+                    if time.monotonic() - asked_at > RECV_WAITED_SECONDS:
+                        self.read_all_at = asked_at
                 except TimeoutError:
                     if not self.finishing:
                         seconds = f"{self.limits.idle_seconds:g}"
@@ -214,12 +220,16 @@ class Connection:
     def add_audio(self, utterance: str, samples: np.ndarray) -> None:
         if not len(samples):
             return
-        self.audio_started_at.setdefault(utterance, time.monotonic())
-        self.sent_samples[utterance] = self.sent_samples.get(utterance, 0) + len(samples)
+        now = time.monotonic()
+        started = self.audio_started_at.setdefault(utterance, now)
+        sent = self.sent_samples[utterance] = self.sent_samples.get(utterance, 0) + len(samples)
         seconds = len(samples) / SAMPLE_RATE
         self.audio_seconds += seconds
         self.metrics.audio_seconds.inc(seconds)
-        self.engine.add_audio(utterance, samples)
+        # Audio read behind a backlog (reads paused by backpressure) waited in TCP: it came
+        # when a real-time sender would have sent it, and not before the reads last caught up.
+        arrived_at = max(self.read_all_at, min(now, started + sent / SAMPLE_RATE))
+        self.engine.add_audio(utterance, samples, arrived_at)
 
     def finish(self, utterance: str) -> None:
         self.finishing.add(utterance)

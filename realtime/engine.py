@@ -71,8 +71,9 @@ class Engine:
         """Its turn detection (default: the engine's), language and task (default: the model's choice)."""
         self._commands.put(AddUtterance(utterance_id, on_event, vad or self.config.vad, transcription))
 
-    def add_audio(self, utterance_id: str, samples: np.ndarray) -> None:
-        self._commands.put(AppendAudio(utterance_id, samples, time.monotonic()))
+    def add_audio(self, utterance_id: str, samples: np.ndarray, arrived_at: float | None = None) -> None:
+        """`arrived_at`: when the audio reached the server (default: now)."""
+        self._commands.put(AppendAudio(utterance_id, samples, arrived_at or time.monotonic()))
 
     def finish_input(self, utterance_id: str) -> None:
         self._commands.put(FinishInput(utterance_id, time.monotonic()))

@@ -394,3 +394,40 @@ def test_a_commit_during_a_drain_starts_no_utterance(whisper_model, welcome):
         drain.result(timeout=60)
     finally:
         harness.loop.call_soon_threadsafe(harness.loop.stop)
+
+
+def test_delta_latency_counts_the_time_audio_waited_in_tcp(whisper_model, welcome, monkeypatch):
+    """A real-time client whose audio the server stopped reading (backpressure, the engine
+    held back): each delta's latency counts from when the client sent the audio, not from
+    when the server got round to reading it."""
+    samples, _ = welcome
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_buffered_seconds=0.5))
+    gate = threading.Event()
+    submit = harness.engine.runner.submit
+
+    def held_submit(out, states):
+        gate.wait()
+        return submit(out, states)
+
+    monkeypatch.setattr(harness.engine.runner, "submit", held_submit)
+    chunk, aged = 1600, 2.5
+    try:
+        with harness.connect() as ws:
+            ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            started = time.monotonic()
+            for index, offset in enumerate(range(0, 16000 * 5, chunk)):  # paced as spoken
+                time.sleep(max(0.0, started + index * chunk / 16000 - time.monotonic()))
+                ws.send(append_event(samples[offset : offset + chunk]))
+            time.sleep(aged)  # what the server did not read has now waited in TCP at least this long
+            gate.set()
+            text = ""
+            while "today" not in text.lower():
+                event = json.loads(ws.recv(timeout=60))
+                assert event["type"] == "transcription.delta", event
+                text += event["delta"]
+            metrics = harness.metrics()
+    finally:
+        gate.set()
+        harness.stop()
+    assert metrics["voxrt_delta_latency_seconds_count"] > 0
+    assert metrics["voxrt_delta_latency_seconds_bucket{le=1.0}"] == 0, "a delta's latency left out TCP time"
