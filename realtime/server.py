@@ -249,7 +249,7 @@ class RealtimeServer:
             await connection.websocket.close(1001, "server shutting down")
         if self.server is not None:
             await self.server.wait_closed()
-        await asyncio.to_thread(self.engine.stop)  # a join: the loop serves probes meanwhile
+        await asyncio.to_thread(self.engine.stop)  # a join of up to 30 s: the loop goes on meanwhile
         log.info("server.stopped")
 
     async def serve_until_signal(self) -> int:

@@ -69,6 +69,20 @@ class ServerThread:
         return values
 
 
+def hold_steps(engine: Engine, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """(gate, held): the engine's steps wait at submission until `gate` is set; `held` is set
+    once one waits."""
+    gate, held, submit = threading.Event(), threading.Event(), engine.runner.submit
+
+    def held_submit(out, states):
+        held.set()
+        gate.wait()
+        return submit(out, states)
+
+    monkeypatch.setattr(engine.runner, "submit", held_submit)
+    return gate, held
+
+
 def append_event(samples: np.ndarray) -> str:
     return json.dumps(
         {"type": "input_audio_buffer.append", "audio": base64.b64encode(float32_to_pcm16(samples)).decode()}

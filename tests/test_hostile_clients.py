@@ -21,7 +21,15 @@ from websockets.sync.client import connect
 from benchmarks.text import word_error_rate
 from realtime.limits import parse_networks
 from realtime.server import ServerConfig
-from tests.server_harness import ServerProcess, ServerThread, append_event, events_until, stream, wait_until
+from tests.server_harness import (
+    ServerProcess,
+    ServerThread,
+    append_event,
+    events_until,
+    hold_steps,
+    stream,
+    wait_until,
+)
 from voxtral.whisper.runner import WhisperRunner
 
 WELCOME_WORDS = "Good morning everyone. Today we will talk about the weather in the city."
@@ -334,21 +342,27 @@ with connect(sys.argv[1]) as ws:
 """
 
 
-def test_a_connection_the_server_closes_leaves_the_engine_at_once(whisper_model):
-    """Shedding closes a connection from outside its reader. A client that has stopped (it
-    answers no close frame) holds the close for websockets' close timeout: its utterance
-    leaves the engine as the close begins, not once the handshake gives up."""
+def test_a_connection_the_server_closes_leaves_the_engine_at_once(whisper_model, monkeypatch):
+    """Shedding closes a connection from outside its reader, when the engine is behind (here
+    held) and the reader paused by backpressure. A client that has stopped (it answers no
+    close frame) holds the close for websockets' close timeout: its utterance leaves as the
+    close begins, not once the handshake gives up."""
     harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_buffered_seconds=1.0))
+    gate, held = hold_steps(harness.engine, monkeypatch)
     uploader = subprocess.Popen([sys.executable, "-c", UPLOADER, harness.url])
     try:
-        wait_until(lambda: harness.engine.stats().utterances == 1, 60)
+        assert held.wait(60)
+        wait_until(lambda: harness.metrics()["voxrt_audio_seconds_total"] > 1.0, 60)  # reads paused
         uploader.send_signal(signal.SIGSTOP)
         (connection,) = harness.server.connections
         closing = asyncio.run_coroutine_threadsafe(
             connection.close(1013, "server_overloaded", "shed by the test"), harness.loop
         )
-        wait_until(lambda: harness.engine.stats().utterances == 0 or closing.done(), 60)
-        assert harness.engine.stats().utterances == 0 and not closing.done()
+        wait_until(lambda: harness.metrics()["voxrt_utterances_active"] == 0 or closing.done(), 60)
+        assert harness.metrics()["voxrt_utterances_active"] == 0 and not closing.done()
+        gate.set()
+        wait_until(lambda: harness.engine.stats().utterances == 0, 60)
     finally:
+        gate.set()
         uploader.kill()
         harness.stop()

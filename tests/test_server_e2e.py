@@ -16,7 +16,15 @@ from realtime.config import EngineConfig
 from realtime.engine import Engine
 from realtime.server import RealtimeServer, ServerConfig
 from tests.conftest import espeak
-from tests.server_harness import ServerThread, append_event, events_until, expect_error, stream, wait_until
+from tests.server_harness import (
+    ServerThread,
+    append_event,
+    events_until,
+    expect_error,
+    hold_steps,
+    stream,
+    wait_until,
+)
 from voxtral.whisper.runner import WhisperRunner
 
 FIRST_SECONDS = (
@@ -371,6 +379,33 @@ def test_a_dead_engine_ends_serve_with_exit_status_1(whisper_model, monkeypatch)
         thread.join(timeout=10)
 
 
+def test_the_event_loop_answers_while_a_drain_waits_for_the_engine_thread(
+    whisper_model, welcome, monkeypatch
+):
+    """Drain ends with a join of the engine thread (up to 30 s while a step finishes): the
+    event loop goes on serving meanwhile."""
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(drain_seconds=0.2))
+    gate, held = hold_steps(harness.engine, monkeypatch)
+    samples, _ = welcome
+    try:
+        with harness.connect() as ws:
+            stream(ws, samples[: 16000 * 3], final=False)
+            assert held.wait(30)
+            drain = asyncio.run_coroutine_threadsafe(harness.server.drain_and_stop(), harness.loop)
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    ws.recv(timeout=30)
+        for _ in range(10):  # the drain is now at, or on its way to, its join
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), harness.loop).result(timeout=5)
+        assert not drain.done()
+        gate.set()
+        drain.result(timeout=30)
+        assert not harness.engine.alive
+    finally:
+        gate.set()
+        harness.loop.call_soon_threadsafe(harness.loop.stop)
+
+
 def test_a_commit_during_a_drain_starts_no_utterance(whisper_model, welcome):
     """A drain ends every input. A vLLM client that commits once its utterance is done is told
     the server is draining, and is closed with 1001: no utterance starts to be cut unfinished."""
@@ -402,14 +437,7 @@ def test_delta_latency_counts_the_time_audio_waited_in_tcp(whisper_model, welcom
     when the server got round to reading it."""
     samples, _ = welcome
     harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_buffered_seconds=0.5))
-    gate = threading.Event()
-    submit = harness.engine.runner.submit
-
-    def held_submit(out, states):
-        gate.wait()
-        return submit(out, states)
-
-    monkeypatch.setattr(harness.engine.runner, "submit", held_submit)
+    gate, _ = hold_steps(harness.engine, monkeypatch)
     chunk, aged = 1600, 2.5
     try:
         with harness.connect() as ws:
