@@ -18,6 +18,7 @@ class Transcription:
 
     language: str | None = None  # an ISO 639-1 code; None: the model finds it
     task: str = "transcribe"  # or "translate": English text of any speech (multilingual models)
+    prompt: str = ""  # text said before: names, terms, spelling (Whisper's previous-text prompt)
 
 
 @dataclass

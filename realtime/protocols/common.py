@@ -46,8 +46,11 @@ def load_event(message: str | bytes) -> dict:
     return event
 
 
-def transcription(runner: ModelRunner, language: str | None, task: str | None) -> Transcription:
-    """The language and task a session asked for, or the error naming what the served model supports."""
+def transcription(
+    runner: ModelRunner, language: str | None, task: str | None, prompt: str | None = None
+) -> Transcription:
+    """The language, task and prompt a session asked for, or the error naming what the served
+    model supports."""
     if task not in (None, "transcribe", "translate"):
         raise ProtocolError("invalid_value", f"task {task[:50]!r}: choose 'transcribe' or 'translate'")
     if task == "translate" and not runner.translates:
@@ -55,10 +58,10 @@ def transcription(runner: ModelRunner, language: str | None, task: str | None) -
             "unsupported_task", "the served model transcribes only; serve whisper-base to translate"
         )
     if language is None or runner.languages is None:
-        return Transcription(None, task or "transcribe")
+        return Transcription(None, task or "transcribe", prompt or "")
     if language.lower() not in runner.languages:
         supported = ", ".join(sorted(runner.languages))
         raise ProtocolError(
             "unsupported_language", f"language {language[:50]!r} is not served; supported: {supported}"
         )
-    return Transcription(language.lower(), task or "transcribe")
+    return Transcription(language.lower(), task or "transcribe", prompt or "")

@@ -116,7 +116,8 @@ class OpenAISession:
             vad = self.vad and VadConfig(
                 threshold=self.vad.threshold, silence_ms=self.vad.silence_duration_ms
             )
-            asked = transcription(self.connection.engine.runner, self.settings.language, None)
+            runner, settings = self.connection.engine.runner, self.settings
+            asked = transcription(runner, settings.language, None, settings.prompt)
             self.utterance = self.connection.start_utterance(vad or None, asked)
             self.items[self.utterance] = new_id("item")
             self.item_start_ms[self.utterance] = self.session_samples * 1000 // SAMPLE_RATE

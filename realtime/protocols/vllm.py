@@ -23,6 +23,7 @@ class SessionUpdate:
     interim: bool | None  # voxrt's extension: also send `transcription.interim`
     language: str | None  # voxrt's extension, for multilingual models; None: detected
     task: str | None  # voxrt's extension: "transcribe" or "translate"
+    prompt: str | None  # text said before: names, terms, spelling
 
 
 @dataclass
@@ -62,6 +63,7 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
             _field(event, "interim", bool, False),
             _field(event, "language", str, False),
             _field(event, "task", str, False),
+            _field(event, "prompt", str, False),
         )
     raise ProtocolError("unknown_event", f"Unknown event type: {kind[:200]}")
 
@@ -106,7 +108,7 @@ class VllmSession:
         self.connection = connection
         self.utterance: str | None = None  # the running utterance
         self.interim = False  # the client asked for `transcription.interim`
-        self.transcription = Transcription()  # language and task of the utterances to come
+        self.transcription = Transcription()  # language, task and prompt of the utterances to come
 
     def opened(self) -> None:
         self.connection.send(
@@ -156,10 +158,11 @@ class VllmSession:
             self.connection.log.warning("session.model_substituted", requested=event.model[:200])
         if event.interim is not None:
             self.interim = event.interim
-        if event.language is not None or event.task is not None:
-            runner = self.connection.engine.runner
-            language = event.language if event.language is not None else self.transcription.language
-            self.transcription = transcription(runner, language, event.task or self.transcription.task)
+        if event.language is not None or event.task is not None or event.prompt is not None:
+            runner, before = self.connection.engine.runner, self.transcription
+            language = event.language if event.language is not None else before.language
+            prompt = event.prompt if event.prompt is not None else before.prompt
+            self.transcription = transcription(runner, language, event.task or before.task, prompt)
 
     def _running(self) -> str:
         if self.utterance is None:

@@ -2,6 +2,7 @@
 
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +75,7 @@ class WhisperModel:
         self.eot = generation.eos_token_id
         self.sot = generation.decoder_start_token_id
         self.no_timestamps = generation.no_timestamps_token_id
+        self.start_of_previous = self.tokenizer.token_to_id("<|startofprev|>")
         self.no_speech = self.no_timestamps - 1  # <|nocaptions|>, just before <|notimestamps|>
         self.timestamp_begin = self.no_timestamps + 1
         self.max_initial_timestamp_index = generation.max_initial_timestamp_index or 50
@@ -103,11 +105,24 @@ class WhisperModel:
             raise WeightsError("a multilingual Whisper tokenizer without language tokens")
         return out
 
-    def prompt(self, language: str | None, task: str = "transcribe") -> list[int]:
-        """The tokens a decode starts with: multilingual models are told the language and the task."""
+    def prompt(
+        self, language: str | None, task: str = "transcribe", previous: Sequence[int] = ()
+    ) -> list[int]:
+        """The tokens a decode starts with: text said before (`previous`, Whisper's prompt for
+        names, terms and spelling), then <|startoftranscript|>; multilingual models are also
+        told the language and the task."""
+        before = [self.start_of_previous, *previous] if previous else []
         if not self.multilingual:
-            return [self.sot]
-        return [self.sot, self.language_ids[language or "en"], self.task_ids[task]]
+            return [*before, self.sot]
+        return [*before, self.sot, self.language_ids[language or "en"], self.task_ids[task]]
+
+    def previous_text(self, text: str) -> list[int]:
+        """`text` as a prompt's tokens: its last ones, so that the prompt, the start of the
+        transcript and a window's text fit the decoder's context (OpenAI's bound, half of it)."""
+        if not text.strip():
+            return []
+        ids = self.tokenizer.encode(" " + text.strip(), add_special_tokens=False).ids
+        return ids[-(self.max_target_positions // 2 - 1) :]
 
     @torch.inference_mode()
     def detect_language(
@@ -206,7 +221,7 @@ class WhisperModel:
         for row, ids in enumerate(initial):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             padding[row, width - len(ids) :] = False
-        sot_index = [width - len(ids) for ids in initial]
+        sot_index = [width - len(ids) + ids.index(self.sot) for ids in initial]
         input_ids, padding = input_ids.to(self.device), padding.to(self.device)
         positions = ((~padding).cumsum(-1) - 1).clamp(min=0)
         cache = self.steps.start(encoder_states, lengths, width + max(max_new_tokens))

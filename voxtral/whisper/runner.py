@@ -66,7 +66,8 @@ class WhisperRunner:
         language = transcription.language if self.model.multilingual else "en"
         agree = self.policy.commit_policy == "local-agreement"
         committer = WindowCommitter(agree=agree, spaced=is_spaced(language))
-        return WhisperStream(committer, language=language, task=transcription.task)
+        previous = self.model.previous_text(transcription.prompt)
+        return WhisperStream(committer, language=language, task=transcription.task, previous=previous)
 
     def detokenize(self, state: WhisperStream, token_ids: list[int], final: bool) -> str:
         """Whisper commits text, not sampled ids: only ever called with none."""
@@ -191,12 +192,16 @@ class WhisperRunner:
         # Each window is encoded at its own length: its text does not depend on the windows beside it.
         states, lengths = pad_states([self._encode(w) for w in windows])
         self._detect_languages(windows, states, lengths)
-        # No previous-text prompt (<|startofprev|>): with one, tiny.en skips the prompted
-        # words and stops closing timestamps, and the window could no longer be trimmed.
-        most, per_frame = self.model.max_target_positions // 2, p.tokens_per_second / POSITIONS_PER_SECOND
-        budgets = [min(most, int(w.raw.shape[1] * per_frame) + 10) for w in windows]
+        # The window's committed words are forced, not prompted (<|startofprev|>): with them
+        # as a prompt tiny.en skips the prompted words and stops closing timestamps, and the
+        # window could no longer be trimmed. The prompt holds only the client's text.
         forced = [w.state.prefix for w in windows]
-        prompts = [self.model.prompt(w.state.language, w.state.task) for w in windows]
+        prompts = [self.model.prompt(w.state.language, w.state.task, w.state.previous) for w in windows]
+        most, per_frame = self.model.max_target_positions // 2, p.tokens_per_second / POSITIONS_PER_SECOND
+        budgets = [
+            min(most, int(w.raw.shape[1] * per_frame) + 10, self.model.max_target_positions - len(a) - len(f))
+            for w, a, f in zip(windows, prompts, forced, strict=True)
+        ]
         hyps = self.model.decode(states, budgets, forced, prompts, lengths)
         out: dict[int, Hypothesis | None] = {}
         for window, hyp in zip(windows, hyps, strict=True):

@@ -37,6 +37,7 @@ class WhisperStream:
     decoded_until: int = 0  # the end of the last window decoded
     language: str | None = None  # None until a multilingual model detects it
     task: str = "transcribe"
+    previous: list[int] = field(default_factory=list)  # the client's prompt, as tokens before each window
 
 
 @dataclass
