@@ -115,6 +115,40 @@ def test_sessions_in_five_languages_batched_each_get_their_own(base_runner, tmp_
     assert stats.utterances == 0 and stats.encoder_cache_rows == 0
 
 
+# Sentences whose first words also read as English: a guess from their first 2 s alone said
+# English, or Malay for the French; the language is decided from more speech.
+ENGLISH_LOOKING = {
+    "de": (
+        "de+m3",
+        "Hallo, mein Name ist Anna. Ich wohne in Berlin und arbeite als Lehrerin an einer Schule.",
+    ),
+    "fr": ("fr+f2", "Service client, bonjour. Le restaurant est ouvert tous les jours de la semaine."),
+}
+
+
+@pytest.mark.slow
+def test_a_language_that_starts_like_english_is_detected_from_more_speech(base_runner, tmp_path):
+    from voxtral.whisper.weights import cache_dir
+
+    audios = {
+        code: np.concatenate([espeak(text, tmp_path / f"{code}.wav", voice, 150), np.zeros(8000, np.float32)])
+        for code, (voice, text) in ENGLISH_LOOKING.items()
+    }
+    undetected = {code: Transcription(None) for code in audios}
+    events = stream_through_engine(Engine(base_runner), audios, transcriptions=undetected)
+    for code, (_, text) in ENGLISH_LOOKING.items():
+        kinds = [type(e).__name__ for e in events[code]]
+        detected = [e.language for e in events[code] if isinstance(e, LanguageDetected)]
+        assert detected == [code], (code, detected)
+        assert kinds.index("LanguageDetected") < kinds.index("Delta"), kinds
+        # As right as the same model told the language, offline (espeak-ng's French here is hard for base).
+        offline = offline_text(
+            cache_dir("whisper-base"), base_runner, audios[code], language=code, task="transcribe"
+        )
+        streamed = events[code][-1].text
+        assert word_error_rate(text, streamed) <= word_error_rate(text, offline) + 0.2, (streamed, offline)
+
+
 @pytest.fixture(scope="module")
 def base_server(base_runner):
     harness = ServerThread(base_runner, ServerConfig(max_sessions=4, api_key="sk-test"))

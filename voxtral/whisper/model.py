@@ -125,17 +125,13 @@ class WhisperModel:
         return ids[-(self.max_target_positions // 2 - 1) :]
 
     @torch.inference_mode()
-    def detect_language(
-        self, encoder_states: torch.Tensor, lengths: list[int] | None = None
-    ) -> list[tuple[str, float]]:
-        """Per row, the likeliest language token after <|startoftranscript|> and its probability."""
+    def language_probabilities(self, encoder_states: torch.Tensor) -> torch.Tensor:
+        """(rows, languages): each row's probability of each language token (in `language_ids`'
+        order) after <|startoftranscript|>."""
         start = torch.full((encoder_states.shape[0], 1), self.sot, device=self.device)
-        hidden, _ = self.steps.read(encoder_states, start, lengths)
+        hidden, _ = self.steps.read(encoder_states, start)
         logits = self.model.proj_out(hidden[:, -1]).float()
-        codes = list(self.language_ids)
-        probs = torch.softmax(logits[:, list(self.language_ids.values())], dim=-1)
-        best = probs.argmax(dim=-1).tolist()
-        return [(codes[i], probs[row, i].item()) for row, i in enumerate(best)]
+        return torch.softmax(logits[:, list(self.language_ids.values())], dim=-1).cpu()
 
     def _quantize(self) -> None:
         if self.model.device.type != "cpu" or self.model.dtype != torch.float32:

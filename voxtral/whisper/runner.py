@@ -102,7 +102,9 @@ class WhisperRunner:
         if not state.turns or state.turns[0].stop is not None:
             return None
         p = self.policy
-        least = p.min_decode_seconds if state.language else p.detect_language_seconds
+        least = p.min_decode_seconds
+        if not state.language:  # its next guess at the language
+            least = p.detect_language_seconds * (state.num_language_votes + 1)
         update = round(p.update_seconds * POSITIONS_PER_SECOND)
         return max(state.turns[0].start + round(least * POSITIONS_PER_SECOND), state.decoded_until + update)
 
@@ -190,8 +192,11 @@ class WhisperRunner:
             return {}
         p = self.policy
         # Each window is encoded at its own length: its text does not depend on the windows beside it.
+        self._detect_languages(windows)
+        windows = [w for w in windows if w.state.language]  # the others wait for more speech
+        if not windows:
+            return {}
         states, lengths = pad_states([self._encode(w) for w in windows])
-        self._detect_languages(windows, states, lengths)
         # The window's committed words are forced, not prompted (<|startofprev|>): with them
         # as a prompt tiny.en skips the prompted words and stops closing timestamps, and the
         # window could no longer be trimmed. The prompt holds only the client's text.
@@ -219,17 +224,34 @@ class WhisperRunner:
         n = self.policy.encoder_frames(window.raw.shape[1], POSITIONS_PER_SECOND, self.model.max_frames)
         return self.model.encode(normalize_log_mel(window.raw[:, :n], n)[None])[0]
 
-    def _detect_languages(self, windows: list[Window], states: torch.Tensor, lengths: list[int]) -> None:
-        """One decoder pass over the rows whose language is still unknown, batched."""
-        rows = [row for row, w in enumerate(windows) if w.state.language is None]
+    def _detect_languages(self, windows: list[Window]) -> None:
+        """A guess at the language of each window whose utterance has none yet, batched: the
+        guesses so far averaged, it is decided when sure, or from `max_detect_seconds` of
+        speech, or at the turn's end."""
+        rows = [w for w in windows if w.state.language is None]
         if not rows:
             return
-        detected = self.model.detect_language(states[rows], [lengths[row] for row in rows])
-        for row, (language, probability) in zip(rows, detected, strict=True):
-            state = windows[row].state
-            state.language, state.committer.spaced = language, is_spaced(language)
-            windows[row].detected = True
-            log.info("whisper.language_detected", language=language, probability=round(probability, 3))
+        p, frames = self.policy, self.model.max_frames
+        padded = torch.stack([normalize_log_mel(w.raw[:, :frames], frames) for w in rows])
+        guesses = self.model.language_probabilities(self.model.encode(padded))
+        for window, probabilities in zip(rows, guesses, strict=True):
+            state = window.state
+            before = state.language_votes
+            state.language_votes = probabilities if before is None else before + probabilities
+            state.num_language_votes += 1
+            mean = state.language_votes / state.num_language_votes
+            probability, best = mean.max(dim=-1)
+            sure = probability.item() >= p.language_sure or window.speech_seconds >= p.max_detect_seconds
+            if sure or window.commit_all:
+                language = list(self.model.language_ids)[best.item()]
+                state.language, state.committer.spaced = language, is_spaced(language)
+                window.detected = True
+                log.info(
+                    "whisper.language_detected",
+                    language=language,
+                    probability=round(probability.item(), 3),
+                    guesses=state.num_language_votes,
+                )
 
     def _commit(self, window: Window, hyp: Hypothesis | None) -> UtteranceOutput:
         state, request, p = window.state, window.request, self.policy
