@@ -8,14 +8,22 @@ The files are read where pip put them; the package itself is never imported.
 - `beckett.wav`: 10 s, one voice.
 Where no reference text is kept, a streamed transcript is scored against the same model's
 offline transcript of the same audio: that gap is the streaming penalty.
+
+`real_passages` builds a benchmark's sessions from them: each session reads all three, in
+its own order, after its own pause, with a faint noise of its own (identical audio would
+share caches and flatter).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, distribution
 
 import numpy as np
 
-from clients.audio import load_audio_file
+from benchmarks.alignment import word_ends
+from benchmarks.speech import Passage
+from clients.audio import SAMPLE_RATE, load_audio_file
+from voxtral.whisper.model import WhisperModel
 
 TWO_CITIES = (
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
@@ -45,3 +53,61 @@ def recording(name: str) -> Recording:
     except PackageNotFoundError as exc:
         raise RuntimeError("real speech needs moonshine-voice: bash scripts/setup.sh installs it") from exc
     return Recording(name, load_audio_file(path), REFERENCES[name])
+
+
+PAUSE_SECONDS = (0.4, 1.2)  # between recordings, drawn per session
+MAX_PIECE_SECONDS = 28.0  # the alignment reads one Whisper window
+
+
+def pieces(audio: np.ndarray) -> list[tuple[int, int]]:
+    """(start, stop) samples of pieces of at most `MAX_PIECE_SECONDS`, cut at the quietest
+    0.1 s of each piece's second half."""
+    out, start, frame = [], 0, SAMPLE_RATE // 10
+    while len(audio) - start > MAX_PIECE_SECONDS * SAMPLE_RATE:
+        first = start + int(MAX_PIECE_SECONDS * SAMPLE_RATE) // 2
+        frames = audio[first : start + int(MAX_PIECE_SECONDS * SAMPLE_RATE)]
+        energy = np.square(frames[: len(frames) // frame * frame]).reshape(-1, frame).mean(axis=1)
+        cut = first + int(np.argmin(energy)) * frame + frame // 2
+        out.append((start, cut))
+        start = cut
+    return [*out, (start, len(audio))]
+
+
+def timed_words(timing: WhisperModel, transcribe: Callable[[np.ndarray], str], audio: np.ndarray):
+    """The words `transcribe` hears in `audio`, each with where it ends (seconds): word end
+    times need words, and a recording without a reference has only the model's."""
+    words: list[str] = []
+    ends: list[float] = []
+    for start, stop in pieces(audio):
+        piece_words = transcribe(audio[start:stop]).split()
+        words += piece_words
+        ends += [start / SAMPLE_RATE + end for end in word_ends(timing, audio[start:stop], piece_words)]
+    return words, ends
+
+
+def real_passages(timing: WhisperModel, transcribe: Callable[[np.ndarray], str], count: int) -> list[Passage]:
+    """`count` sessions' streams of the three recordings. Each recording's text is its
+    reference where one is kept, else `transcribe`'s (the served model offline)."""
+    recordings = [recording(name) for name in REFERENCES]
+    timed = {r.name: timed_words(timing, transcribe, r.audio) for r in recordings}
+    texts = {r.name: r.reference or transcribe(r.audio) for r in recordings}
+    passages = []
+    for index in range(count):
+        rng = np.random.default_rng(index)
+        order = np.roll(np.arange(len(recordings)), -index)
+        audio_parts, words, ends, text = [], [], [], []
+        offset = 0.0
+        for i in order:
+            r = recordings[i]
+            pause = np.zeros(int(rng.uniform(*PAUSE_SECONDS) * SAMPLE_RATE), np.float32)
+            offset += len(pause) / SAMPLE_RATE
+            words += timed[r.name][0]
+            ends += [offset + end for end in timed[r.name][1]]
+            text.append(texts[r.name])
+            audio_parts += [pause, r.audio]
+            offset += len(r.audio) / SAMPLE_RATE
+        audio = np.concatenate(audio_parts)
+        audio = audio + rng.normal(0, 0.002, len(audio)).astype(np.float32)
+        name = "+".join(recordings[i].name for i in order)
+        passages.append(Passage(audio, words, ends, " ".join(text), name))
+    return passages

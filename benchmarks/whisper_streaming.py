@@ -1,14 +1,17 @@
 """Concurrent real-time Whisper sessions on realistic speech: what a user sees, and when.
 
 Prints one JSON line. Each of N sessions streams its own ~50 s passage
-(`benchmarks/speech.py`: long sentences, several voices of two engines, pauses, noise)
-over a real socket in 100 ms chunks paced like a microphone, from a client process of
-its own (`benchmarks/client_process.py`). Per word, latency is the
-time it first appears and stays, minus its end in the audio (the model's own forced
-alignment): in the committed text (`transcription.delta`) and in what the user sees
-(committed text plus the `transcription.interim` tail). Also: WER of the final text
-against the offline WER of the same model on the same audio (`wer` scored as Whisper's evaluations
-score English, `verbatim_wer` on case and punctuation only: `benchmarks/text.py`), whether every session
+(`benchmarks/speech.py`: long sentences, several voices of two engines, pauses, noise), or
+with `--speech real` its own ~85 s of people reading (`benchmarks/real_speech.py`: three
+recordings in its own order; where a recording has no reference text, the served model's
+offline text is its reference, so WER there is the streaming penalty) over a real socket in
+100 ms chunks paced like a microphone, from a client process of its own
+(`benchmarks/client_process.py`). Per word, latency is the time it first appears and stays,
+minus its end in the audio (the model's own forced alignment): in the committed text
+(`transcription.delta`) and in what the user sees (committed text plus the
+`transcription.interim` tail). Also: WER of the final text against the offline WER of the same
+model on the same audio (`wer` scored as Whisper's evaluations score English, `verbatim_wer` on
+case and punctuation only: `benchmarks/text.py`), whether every session
 kept up (its final text within 3 s of its audio's end), and the model's busy share.
 
 The baseline is how streaming Whisper is usually written: every session, once per
@@ -17,6 +20,7 @@ session after another, committing with LocalAgreement.
 
     .venv/bin/python -m benchmarks.whisper_streaming [--policies alignatt,local-agreement]
         [--sessions 1,2,4,6,8] [--repeats 1] [--no-baseline] [--model whisper-base [--language en]]
+        [--speech synthetic|real]
 
 Word end times come from tiny.en (float32) whichever model is measured: the same clock for both.
 With `--model whisper-base` sessions name `--language` (default: none, the model detects it).
@@ -34,6 +38,7 @@ import torch
 from transformers import WhisperFeatureExtractor
 
 from benchmarks.client_process import ClientProcess
+from benchmarks.real_speech import real_passages
 from benchmarks.speech import Passage, passage
 from benchmarks.text import mean_wer, normalize_words, whisper_wer, word_error_rate
 from clients.connection import Utterance
@@ -272,6 +277,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per session count, pooled")
     parser.add_argument("--model", default=TINY_EN, help="an embedded model: whisper-tiny.en or whisper-base")
     parser.add_argument("--language", default=None, help="what whisper-base sessions name (default: none)")
+    parser.add_argument(
+        "--speech",
+        choices=("synthetic", "real"),
+        default="synthetic",
+        help="benchmarks/speech.py or real_speech.py",
+    )
     args = parser.parse_args()
     configure_logging("warning")  # stdout carries the one JSON line
     torch.set_num_threads(2)
@@ -283,8 +294,12 @@ def main() -> None:
         float32 if args.model == TINY_EN else WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
     )
     counts = [int(n) for n in args.sessions.split(",")]
-    passages = [passage(timing, i) for i in range(max(counts))]
+    if args.speech == "real":
+        passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], max(counts))
+    else:
+        passages = [passage(timing, i) for i in range(max(counts))]
     out: dict = {
+        "speech": args.speech,
         "model": args.model,
         "language": args.language,
         "repeats": args.repeats,

@@ -67,10 +67,7 @@ class WhisperPolicy:
     min_decode_seconds: float = 0.5
     min_commit_seconds: float = 1.0
     # A session that names no language is not decoded before this much speech, from
-    # which a multilingual model detects it (on the window padded to Whisper's 30 s, as it
-    # was trained: padded less, espeak-ng's German read as Latin or English). A guess under
-    # `language_sure` is not acted on: it is asked again each `detect_language_seconds` more
-    # speech, the answers averaged, and decided at `max_detect_seconds` or the turn's end.
+    # which a multilingual model detects it (`voxtral/whisper/language.py`).
     detect_language_seconds: float = 2.0
     language_sure: float = 0.7
     max_detect_seconds: float = 6.0

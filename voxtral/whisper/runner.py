@@ -15,6 +15,7 @@ from scheduler import Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
 from voxtral.runner import StepResult, Transcription, UtteranceOutput, run_now
 from voxtral.whisper.decoder import pad_states
+from voxtral.whisper.language import detect_languages
 from voxtral.whisper.model import Hypothesis, WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter, drop_repetition
 from voxtral.whisper.stream import POSITIONS_PER_SECOND, Speech, WhisperStream, Window
@@ -192,7 +193,7 @@ class WhisperRunner:
             return {}
         p = self.policy
         # Each window is encoded at its own length: its text does not depend on the windows beside it.
-        self._detect_languages(windows)
+        detect_languages(self.model, self.policy, windows)
         windows = [w for w in windows if w.state.language]  # the others wait for more speech
         if not windows:
             return {}
@@ -223,35 +224,6 @@ class WhisperRunner:
         """(frames, width): the window and the silence after it (`WhisperPolicy.encoder_frames`)."""
         n = self.policy.encoder_frames(window.raw.shape[1], POSITIONS_PER_SECOND, self.model.max_frames)
         return self.model.encode(normalize_log_mel(window.raw[:, :n], n)[None])[0]
-
-    def _detect_languages(self, windows: list[Window]) -> None:
-        """A guess at the language of each window whose utterance has none yet, batched: the
-        guesses so far averaged, it is decided when sure, or from `max_detect_seconds` of
-        speech, or at the turn's end."""
-        rows = [w for w in windows if w.state.language is None]
-        if not rows:
-            return
-        p, frames = self.policy, self.model.max_frames
-        padded = torch.stack([normalize_log_mel(w.raw[:, :frames], frames) for w in rows])
-        guesses = self.model.language_probabilities(self.model.encode(padded))
-        for window, probabilities in zip(rows, guesses, strict=True):
-            state = window.state
-            before = state.language_votes
-            state.language_votes = probabilities if before is None else before + probabilities
-            state.num_language_votes += 1
-            mean = state.language_votes / state.num_language_votes
-            probability, best = mean.max(dim=-1)
-            sure = probability.item() >= p.language_sure or window.speech_seconds >= p.max_detect_seconds
-            if sure or window.commit_all:
-                language = list(self.model.language_ids)[best.item()]
-                state.language, state.committer.spaced = language, is_spaced(language)
-                window.detected = True
-                log.info(
-                    "whisper.language_detected",
-                    language=language,
-                    probability=round(probability.item(), 3),
-                    guesses=state.num_language_votes,
-                )
 
     def _commit(self, window: Window, hyp: Hypothesis | None) -> UtteranceOutput:
         state, request, p = window.state, window.request, self.policy
