@@ -76,9 +76,8 @@ def test_twelve_sessions_at_once_get_real_time_or_a_clear_503(welcome):
 def test_when_everyone_speaks_at_once_the_newest_are_shed(welcome):
     samples, _ = welcome
     silence = np.zeros(16000 * 2, np.float32)
-    speech = np.concatenate([samples, samples])
     # Overcommitted on purpose (as an operator may): 12 sessions admitted while silent, then
-    # all speaking at once for 21 s, each its own audio, on one thread. A session waits for
+    # all speaking at once for 12 s, each its own audio, on one thread. A session waits for
     # the windows of the 11 others before its own: a queue of 12 windows is well past 1.5 s
     # on a machine several times faster than this one.
     with serve("--target-busy", "5", "--max-lag-seconds", "1.5", "--threads", "1") as port:
@@ -87,7 +86,7 @@ def test_when_everyone_speaks_at_once_the_newest_are_shed(welcome):
         async def session(i: int, opened: list):
             connection = await open_connection(url)
             opened.append(i)
-            audio = np.concatenate([silence, distinct_audio(speech, i)])
+            audio = np.concatenate([silence, distinct_audio(samples, i)])
             async with connection:
                 result = await stream_utterance(connection, audio, 100, 1.0)
                 if result.errors:  # shed: the close frame follows the error

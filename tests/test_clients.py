@@ -134,7 +134,7 @@ def test_soak_passes_on_a_healthy_server(server, tmp_path):
         "--sessions",
         "2",
         "--duration",
-        "12s",
+        "8s",
         "--speed",
         "3",
         "--churn",

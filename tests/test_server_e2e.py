@@ -438,18 +438,18 @@ def test_delta_latency_counts_the_time_audio_waited_in_tcp(whisper_model, welcom
     samples, _ = welcome
     harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_buffered_seconds=0.5))
     gate, _ = hold_steps(harness.engine, monkeypatch)
-    chunk, aged = 1600, 2.5
+    chunk, aged = 1600, 2.0
     try:
         with harness.connect() as ws:
             ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             started = time.monotonic()
-            for index, offset in enumerate(range(0, 16000 * 5, chunk)):  # paced as spoken
+            for index, offset in enumerate(range(0, 16000 * 4, chunk)):  # paced as spoken
                 time.sleep(max(0.0, started + index * chunk / 16000 - time.monotonic()))
                 ws.send(append_event(samples[offset : offset + chunk]))
             time.sleep(aged)  # what the server did not read has now waited in TCP at least this long
             gate.set()
             text = ""
-            while "today" not in text.lower():
+            while "everyone" not in text.lower():
                 event = json.loads(ws.recv(timeout=60))
                 assert event["type"] == "transcription.delta", event
                 text += event["delta"]

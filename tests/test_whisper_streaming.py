@@ -17,21 +17,13 @@ from voxtral.whisper.runner import WhisperRunner
 # Each voice reads its own passage, so a session that read another's window would fail.
 PASSAGES = [
     "Good morning everyone. Today we will talk about the weather in the city. It was raining all night, "
-    "but the sun came out this morning. Many people went to the park to walk their dogs. The children "
-    "played on the grass and the birds were singing in the trees. In the afternoon we will have a meeting "
-    "about the new school building. Please bring your notes and arrive on time. Thank you for listening, "
-    "and have a nice day.",
+    "but the sun came out this morning. Many people went to the park to walk their dogs.",
     "The train to the coast leaves at nine in the morning. We packed our bags the night before and went to "
-    "bed early. My brother forgot his hat, so we stopped at a small shop near the station. The journey took "
-    "three hours and the sea was calm and blue. We ate lunch on the beach and swam until the evening. "
-    "On the way home everyone was tired but happy.",
+    "bed early. My brother forgot his hat, so we stopped at a small shop near the station.",
     "Our kitchen is the warmest room in the house. Every Sunday my mother bakes bread and the whole street "
-    "can smell it. She taught me to mix the flour with water and a little salt. The dough must rest for one "
-    "hour before it goes into the oven. When the bread is ready we eat it with butter and honey. It is the "
-    "best part of the week.",
+    "can smell it. She taught me to mix the flour with water and a little salt.",
     "The library opens at ten and closes at six. You can borrow up to five books for two weeks. If you need "
-    "more time, ask at the front desk and they will help you. There is a quiet room upstairs for reading "
-    "and study. Please turn off your phone and speak softly. The computers are free for everyone to use.",
+    "more time, ask at the front desk and they will help you.",
 ]
 # (voice, words per minute, pause between words in 10 ms units)
 VOICES = [("en-us", 150, 0), ("en+m3", 165, 0), ("en-us+m7", 150, 2), ("en-us", 130, 4)]
@@ -108,7 +100,7 @@ def test_streaming_wer_close_to_offline(runner, whisper_dir, tmp_path):
         f"{voice}-{rate}-{gap}": speak_with_pauses(tmp_path, passage, voice, rate, gap)
         for (voice, rate, gap), passage in zip(VOICES, PASSAGES, strict=True)
     }
-    assert all(len(a) > 20 * 16000 for a in audios.values())
+    assert all(len(a) > 10 * 16000 for a in audios.values())
     engine = Engine(runner)
     events = stream_through_engine(engine, audios)
     streaming, offline = [], []
