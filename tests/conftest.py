@@ -20,8 +20,14 @@ settings.register_profile("voxrt", derandomize=True, print_blob=True)
 settings.load_profile("voxrt")
 
 
+_spoken: dict[tuple[str, str, int, int], Path] = {}  # each clip is synthesized once per run
+
+
 def espeak(text: str, path: Path, voice: str = "en-us", rate: int = 150, gap: int = 0) -> np.ndarray:
-    """Synthesize `text` with espeak-ng and sox (Debian packages), 16 kHz mono PCM16."""
+    """Synthesize `text` with espeak-ng and sox (Debian packages), 16 kHz mono PCM16, at `path`."""
+    if (made := _spoken.get((text, voice, rate, gap))) is not None and made.is_file():
+        shutil.copyfile(made, path)
+        return load_audio_file(path)
     if not (shutil.which("espeak-ng") and shutil.which("sox")):
         pytest.fail("espeak-ng and sox are needed: bash scripts/setup.sh installs them")
     raw = path.with_suffix(".raw.wav")
@@ -30,6 +36,7 @@ def espeak(text: str, path: Path, voice: str = "en-us", rate: int = 150, gap: in
     )
     # -D: no dither when resampling from espeak-ng's 22 kHz: the same audio every run.
     subprocess.run(["sox", "-D", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
+    _spoken[text, voice, rate, gap] = path
     return load_audio_file(path)
 
 
