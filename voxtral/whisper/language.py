@@ -28,10 +28,8 @@ def detect_languages(model: WhisperModel, policy: WhisperPolicy, windows: list[W
     guesses = model.language_probabilities(model.encode(padded))
     for window, probabilities in zip(rows, guesses, strict=True):
         state = window.state
-        before = state.language_votes
-        state.language_votes = probabilities if before is None else before + probabilities
-        state.num_language_votes += 1
-        probability, best = (state.language_votes / state.num_language_votes).max(dim=-1)
+        state.language_guesses.append(probabilities)
+        probability, best = torch.stack(state.language_guesses).mean(dim=0).max(dim=-1)
         sure = (
             probability.item() >= policy.language_sure or window.speech_seconds >= policy.max_detect_seconds
         )
@@ -43,5 +41,5 @@ def detect_languages(model: WhisperModel, policy: WhisperPolicy, windows: list[W
                 "whisper.language_detected",
                 language=language,
                 probability=round(probability.item(), 3),
-                guesses=state.num_language_votes,
+                guesses=len(state.language_guesses),
             )

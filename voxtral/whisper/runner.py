@@ -105,7 +105,7 @@ class WhisperRunner:
         p = self.policy
         least = p.min_decode_seconds
         if not state.language:  # its next guess at the language
-            least = p.detect_language_seconds * (state.num_language_votes + 1)
+            least = p.detect_language_seconds * (len(state.language_guesses) + 1)
         update = round(p.update_seconds * POSITIONS_PER_SECOND)
         return max(state.turns[0].start + round(least * POSITIONS_PER_SECOND), state.decoded_until + update)
 
@@ -189,14 +189,12 @@ class WhisperRunner:
         return Window(request, state, raw, end, final and not state.turns, ended, items, heard)
 
     def _decode(self, windows: list[Window]) -> dict[int, Hypothesis | None]:
-        if not windows:
-            return {}
         p = self.policy
-        # Each window is encoded at its own length: its text does not depend on the windows beside it.
-        detect_languages(self.model, self.policy, windows)
+        detect_languages(self.model, p, windows)
         windows = [w for w in windows if w.state.language]  # the others wait for more speech
         if not windows:
             return {}
+        # Each window is encoded at its own length: its text does not depend on the windows beside it.
         states, lengths = pad_states([self._encode(w) for w in windows])
         # The window's committed words are forced, not prompted (<|startofprev|>): with them
         # as a prompt tiny.en skips the prompted words and stops closing timestamps, and the

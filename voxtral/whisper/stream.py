@@ -36,9 +36,8 @@ class WhisperStream:
     heard_until: int = 0  # where the last turn's window ended
     decoded_until: int = 0  # the end of the last window decoded
     language: str | None = None  # None until a multilingual model decides it
-    # A multilingual model's language guesses so far, each a probability per language (summed).
-    language_votes: torch.Tensor | None = None
-    num_language_votes: int = 0
+    # A multilingual model's guesses at the language so far, each a probability per language.
+    language_guesses: list[torch.Tensor] = field(default_factory=list)
     task: str = "transcribe"
     previous: list[int] = field(default_factory=list)  # the client's prompt, as tokens before each window
 
