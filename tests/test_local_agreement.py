@@ -99,18 +99,27 @@ def test_a_steady_model_gets_every_word_committed_once(words, growth):
     assert committed == words
 
 
-def test_a_segment_that_says_an_earlier_one_again_is_dropped_with_what_follows():
+def test_a_segment_that_says_an_earlier_one_again_past_the_audio_is_dropped_with_what_follows():
     said = Segment(0.0, 7.0, " Last year we spent most of the money on repairs to the old school roof")
     again = Segment(7.0, 14.0, " The next part was the last year we spent most of the money on repairs")
     after = Segment(14.0, 15.0, " So there was little left.")
-    assert drop_repetition([said, again, after], 2.4) == [said]
-    assert drop_repetition([said, Segment(7.0, 9.0, " So there was little left.")], 2.4)[-1].end == 9.0
+    assert drop_repetition([said, again, after], 2.4, audio_seconds=7.0) == [said]
+    assert drop_repetition([said, again, after], 2.4, audio_seconds=7.4) == [said]
+    assert drop_repetition([said, Segment(7.0, 9.0, " So there was little left.")], 2.4, 7.0)[-1].end == 9.0
     # Four words in a row again are speech, not a loop.
     other = Segment(7.0, 9.0, " We spent most of our afternoon outside.")
-    assert drop_repetition([said, other], 2.4) == [said, other]
-    assert drop_repetition([Segment(0, 1, " Thank you."), Segment(1, 2, " Thank you.")], 2.4) == [
-        Segment(0, 1, " Thank you.")
-    ]
+    assert drop_repetition([said, other], 2.4, 7.0) == [said, other]
+    thanks = [Segment(0, 1, " Thank you."), Segment(1, 2, " Thank you.")]
+    assert drop_repetition(thanks, 2.4, audio_seconds=1.0) == thanks[:1]
+
+
+def test_what_is_said_twice_within_the_audio_is_kept():
+    """People repeat themselves (Beckett's Endgame: "Do you hear me? Yes. Do you hear me? Yes.")."""
+    dialogue = [Segment(0, 1, " Do you hear me?"), Segment(1, 2, " Yes."), Segment(2, 3, " Do you hear me?")]
+    assert drop_repetition(dialogue, 2.4, audio_seconds=4.0) == dialogue
+    story = [Segment(0, 2, " Are that's a good story."), Segment(2, 4, " Are that's a good story?")]
+    assert drop_repetition(story, 2.4, audio_seconds=5.0) == story
+    assert drop_repetition(story, 2.4, audio_seconds=2.2) == story[:1]
 
 
 def test_words_a_trim_left_in_the_window_are_not_committed_again():

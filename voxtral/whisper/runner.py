@@ -214,7 +214,9 @@ class WhisperRunner:
             # after it: a trim there skipped speech not yet transcribed (a whole sentence's start).
             last = self.model.timestamp_begin + window.raw.shape[1] // 2  # one per two positions
             hyp.token_ids = [min(t, last) for t in hyp.token_ids]
-            hyp.segments = drop_repetition(self.model.segments(hyp.token_ids), p.max_compression_ratio)
+            segments = self.model.segments(hyp.token_ids)
+            seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
+            hyp.segments = drop_repetition(segments, p.max_compression_ratio, seconds)
             out[id(window)] = None if silent or not hyp.segments else hyp
         return out
 
