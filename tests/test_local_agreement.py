@@ -146,3 +146,15 @@ def test_local_agreement_commits_a_word_heard_long_enough_though_no_hypothesis_a
         hyp((0, None, " Good mourning, everyone there")), False, False, heard_words=3, settled_words=2
     )
     assert commit.text == "mourning," and commit.interim == "everyone there"
+
+
+def test_a_trim_keeps_the_committed_segments_that_end_after_its_bound():
+    """The next turn is heard after what was said before it: the window keeps its last seconds."""
+    said = hyp((0, 5.0, " Do you hear me?"), (5.0, 9.0, " Yes."), (9.0, 13.0, " What are you talking about?"))
+    committer = WindowCommitter(agree=False)
+    commit = committer.update(said, True, False, trim_before=14.0 - 4.0)
+    assert (commit.trim_seconds, commit.consumed_words) == (9.0, 5)
+    assert committer.window_words == ["What", "are", "you", "talking", "about?"]
+    assert WindowCommitter(agree=False).update(said, True, False, trim_before=0.0).trim_seconds == 0.0
+    # A window too long to keep growing drops every committed segment, the bound or not.
+    assert WindowCommitter(agree=False).update(said, True, True, trim_before=0.0).trim_seconds == 13.0

@@ -138,17 +138,13 @@ def test_silence_and_noise_give_no_text(runner):
 
 
 @pytest.mark.slow
-def test_real_recordings_streamed_are_as_right_as_offline(runner):
-    """People reading (benchmarks/real_speech.py), streamed one step per 0.7 s of audio with no
-    clock, against the book's words and against the same served model's offline transcript."""
-    step = round(0.7 * 16000)
-    cities, beckett = recording("two_cities"), recording("beckett")
-    assert len(cities.audio) + len(beckett.audio) < 60 * 16000
-    offline = offline_texts(runner.model, [cities.audio])[0]
-    streamed = streamed_text(runner, cities.audio, step)
-    print(f"two_cities: streamed {whisper_wer(cities.reference, streamed):.3f}, offline "
-          f"{whisper_wer(cities.reference, offline):.3f}")  # fmt: skip
-    assert whisper_wer(cities.reference, streamed) <= whisper_wer(cities.reference, offline) + 0.02, streamed
-    offline = offline_texts(runner.model, [beckett.audio])[0]
-    streamed = streamed_text(runner, beckett.audio, step)
-    assert whisper_wer(offline, streamed) <= 0.1, (offline, streamed)
+@pytest.mark.parametrize("name", ["endgame_nagg_nell", "beckett"])
+def test_real_recordings_streamed_are_as_right_as_offline(runner, name):
+    """People reading (benchmarks/real_speech.py; 38 s of audio in all), streamed one step per
+    0.7 s of audio with no clock, against the same served model's offline transcript. Endgame's
+    two voices say things twice and take short turns after pauses: dropping a repeat as a loop,
+    or starting a turn's window without what was said before it, put 6 words of its 75 wrong."""
+    audio = recording(name).audio
+    offline = offline_texts(runner.model, [audio])[0]
+    streamed = streamed_text(runner, audio, round(0.7 * 16000))
+    assert whisper_wer(offline, streamed) <= 0.03, (offline, streamed)

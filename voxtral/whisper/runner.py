@@ -240,7 +240,11 @@ class WhisperRunner:
         # segment's end, and so would every later decode forced the same words. Trim past them.
         last = hyp.segments[-1].end if hyp is not None else None
         stalled = last is not None and not window.commit_all and seconds - last >= p.stall_seconds
-        may_trim = length > p.trim_after_seconds * POSITIONS_PER_SECOND or stalled
+        trim_before = 0.0  # committed segments ending before this may leave the window
+        if stalled:
+            trim_before = seconds
+        elif length > p.trim_after_seconds * POSITIONS_PER_SECOND:
+            trim_before = seconds - p.trim_keep_seconds
         heard = None if window.commit_all or window.speech_seconds >= p.min_commit_seconds else 0
         if hyp is not None and heard is None:
             # Encoder frames are two mel frames; the last `holdback` of them is too fresh.
@@ -250,7 +254,7 @@ class WhisperRunner:
         if hyp is not None and heard and p.settle_seconds < seconds:
             before = (window.raw.shape[1] - round(p.settle_seconds * POSITIONS_PER_SECOND)) // 2
             settled = self.words[state.committer.spaced].words_heard(hyp, before)
-        commit = state.committer.update(hyp, window.commit_all, force, may_trim, seconds, heard, settled)
+        commit = state.committer.update(hyp, window.commit_all, force, trim_before, seconds, heard, settled)
         # Latency counts from the arrival of the committed words' end, as the policy estimates it.
         output = UtteranceOutput(
             finished=window.final,
