@@ -1,12 +1,9 @@
 """Preprocessed features (log-mel) by content hash, least-recently-used, bounded in bytes."""
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-import structlog
 import torch
-
-log = structlog.get_logger(__name__)
 
 
 def _nbytes(features: torch.Tensor) -> int:
@@ -14,7 +11,7 @@ def _nbytes(features: torch.Tensor) -> int:
 
 
 class FeatureCache:
-    """`queries` and `hits` count every lookup, injected ones included, so hit rates are honest."""
+    """`queries` and `hits` count every lookup."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -53,23 +50,3 @@ class FeatureCache:
             features = compute()
             self._put(mm_hash, features)
         return features
-
-    def inject(self, mm_hashes: Sequence[str], features: Sequence[torch.Tensor]) -> bool:
-        """Seed the cache with features a frontend already computed.
-
-        Returns False (and logs a warning) on bad input; the caller's utterance goes on,
-        it will only compute those features itself.
-        """
-        try:
-            if len(mm_hashes) != len(features):
-                raise ValueError(f"{len(mm_hashes)} hashes for {len(features)} feature tensors")
-            for mm_hash, tensor in zip(mm_hashes, features, strict=True):
-                if not isinstance(mm_hash, str) or not isinstance(tensor, torch.Tensor):
-                    raise TypeError(f"expected (str, Tensor), got ({type(mm_hash)}, {type(tensor)})")
-        except (TypeError, ValueError) as exc:
-            log.warning("feature_cache.inject_failed", error=str(exc))
-            return False
-        for mm_hash, tensor in zip(mm_hashes, features, strict=True):
-            if self._lookup(mm_hash) is None:
-                self._put(mm_hash, tensor)
-        return True

@@ -37,7 +37,7 @@ class _EngineCollector:
             yield GaugeMetricFamily(name, doc, value=value)
         counters = {
             "voxrt_feature_cache_queries": (
-                "feature-cache lookups, injections included",
+                "feature-cache lookups",
                 stats.feature_cache_queries,
             ),
             "voxrt_feature_cache_hits": ("feature-cache hits", stats.feature_cache_hits),

@@ -2,55 +2,24 @@
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
-from functools import cached_property
-from itertools import accumulate
 
 import torch
 
 
 @dataclass(frozen=True)
 class PlaceholderRange:
-    """Positions `[offset, offset + length)` of the timeline that an audio item fills.
-
-    `is_embed` marks which of those positions take an embedding; None means all do.
-    """
+    """Positions `[offset, offset + length)` of the timeline that an audio item fills."""
 
     offset: int
     length: int
-    is_embed: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.offset < 0 or self.length <= 0:
             raise ValueError(f"bad placeholder range offset={self.offset} length={self.length}")
-        if self.is_embed is not None and len(self.is_embed) != self.length:
-            raise ValueError(f"is_embed has {len(self.is_embed)} flags for length {self.length}")
 
     @property
     def end(self) -> int:
         return self.offset + self.length
-
-    @cached_property
-    def embeds_cumsum(self) -> list[int] | None:
-        # A Python list, not a tensor: the lookups below index it once per step and
-        # a tensor index would cost a dispatch and a host sync each time.
-        if self.is_embed is None:
-            return None
-        return list(accumulate(int(flag) for flag in self.is_embed))
-
-    def get_num_embeds(self) -> int:
-        cumsum = self.embeds_cumsum
-        if cumsum is None:
-            return self.length
-        return cumsum[-1] if cumsum else 0
-
-    def get_embeds_indices_in_range(self, start_idx: int, end_idx: int) -> tuple[int, int]:
-        """Embedding rows `[lo, hi)` that positions `[start_idx, end_idx)` of this range use."""
-        cumsum = self.embeds_cumsum
-        if cumsum is None:
-            return start_idx, end_idx
-        lo = cumsum[start_idx - 1] if start_idx > 0 else 0
-        hi = cumsum[end_idx - 1] if end_idx > 0 else 0
-        return lo, hi
 
 
 @dataclass
@@ -77,7 +46,7 @@ class AudioItem:
 
     @property
     def num_embeds(self) -> int:
-        return self.placeholder.get_num_embeds()
+        return self.placeholder.length
 
 
 def _item_end(item: AudioItem) -> int:

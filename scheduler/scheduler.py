@@ -36,10 +36,6 @@ class SchedulerOutput:
     def num_positions(self) -> int:
         return sum(s.num_positions for s in self.scheduled)
 
-    @property
-    def num_encoder_rows(self) -> int:
-        return sum(item.num_embeds for _, item in self.encoder_inputs)
-
 
 @dataclass
 class SchedulerConfig:

@@ -1,4 +1,3 @@
-import structlog
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,26 +19,6 @@ def test_lru_by_bytes_and_counters():
     assert (cache.queries, cache.hits) == (4, 1)
     assert "b" not in cache and "a" in cache and "c" in cache
     assert cache.num_bytes == 32
-
-
-def test_injection_is_counted_like_any_query():
-    cache = FeatureCache(capacity_bytes=1000)
-    assert cache.inject(["x", "y"], [tensor(2), tensor(2)])
-    assert (cache.queries, cache.hits) == (2, 0)
-    cache.get_or_compute("x", lambda: tensor(99))
-    assert cache.inject(["x"], [tensor(2)])
-    assert (cache.queries, cache.hits) == (4, 2)
-    assert cache.get_or_compute("x", lambda: tensor(99)).numel() == 2
-
-
-def test_failed_injection_warns_and_changes_nothing():
-    cache = FeatureCache(capacity_bytes=1000)
-    with structlog.testing.capture_logs() as logs:
-        assert not cache.inject(["x", "y"], [tensor(2)])
-        assert not cache.inject(["x"], ["not a tensor"])
-    assert [entry["event"] for entry in logs] == ["feature_cache.inject_failed"] * 2
-    assert all(entry["log_level"] == "warning" for entry in logs)
-    assert len(cache) == 0 and cache.queries == 0
 
 
 def test_entry_bigger_than_the_cache_is_not_kept():

@@ -58,25 +58,3 @@ def test_bad_ranges_rejected():
         PlaceholderRange(0, 0)
     with pytest.raises(ValueError):
         PlaceholderRange(-1, 2)
-    with pytest.raises(ValueError):
-        PlaceholderRange(0, 2, (True,))
-
-
-@given(st.lists(st.booleans(), min_size=1, max_size=30), st.data())
-def test_embeds_indices_match_reference(flags, data):
-    rng = PlaceholderRange(0, len(flags), tuple(flags))
-    start = data.draw(st.integers(0, len(flags)))
-    end = data.draw(st.integers(start, len(flags)))
-    assert isinstance(rng.embeds_cumsum, list)
-    assert rng.get_num_embeds() == sum(flags)
-    assert rng.get_embeds_indices_in_range(start, end) == (sum(flags[:start]), sum(flags[:end]))
-
-
-def test_embeds_without_mask_and_index_zero():
-    rng = PlaceholderRange(3, 4)
-    assert rng.embeds_cumsum is None
-    assert rng.get_num_embeds() == 4
-    assert rng.get_embeds_indices_in_range(1, 3) == (1, 3)
-    masked = PlaceholderRange(0, 3, (False, True, True))
-    assert masked.get_embeds_indices_in_range(0, 0) == (0, 0)
-    assert masked.get_embeds_indices_in_range(0, 1) == (0, 0)

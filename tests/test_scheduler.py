@@ -62,7 +62,7 @@ def check_schedule(config: SchedulerConfig, steps: list, bound: int) -> None:
             feed(request, length, tag)
         out = scheduler.schedule()
         assert out.num_positions <= config.max_positions_per_step
-        assert out.num_encoder_rows <= config.max_encoder_rows_per_step
+        assert sum(item.num_embeds for _, item in out.encoder_inputs) <= config.max_encoder_rows_per_step
         cache = scheduler.encoder_cache
         assert 0 <= cache.num_used_rows <= cache.capacity_rows
         scheduled_ids = set()
