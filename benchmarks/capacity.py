@@ -22,10 +22,10 @@ from benchmarks.client_process import ClientProcess, Refused
 from benchmarks.speech import Passage, passage
 from benchmarks.whisper_streaming import percentile, snapshots, word_latencies
 from clients.connection import Utterance
-from realtime.config import EngineConfig
+from realtime.config import EngineConfig, ServedModel, ServerConfig
 from realtime.engine import Engine
 from realtime.logs import configure_logging
-from realtime.server import RealtimeServer, ServerConfig
+from realtime.server import RealtimeServer
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.runner import WhisperRunner
@@ -33,9 +33,8 @@ from voxtral.whisper.weights import default_whisper_dir
 
 
 async def run(model: WhisperModel, passages: list[Passage], clients: ClientProcess) -> dict:
-    server = RealtimeServer(
-        Engine(WhisperRunner(model), EngineConfig()), ServerConfig(port=0), set(), "tiny.en"
-    )
+    engine = Engine(WhisperRunner(model), EngineConfig())
+    server = RealtimeServer(engine, ServerConfig(port=0), ServedModel(name="whisper-tiny.en"))
     await server.start()
     url = f"ws://127.0.0.1:{server.port}/v1/realtime"
 

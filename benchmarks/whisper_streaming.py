@@ -43,10 +43,10 @@ from benchmarks.speech import Passage, passage
 from benchmarks.text import mean_wer, normalize_words, whisper_wer, word_error_rate
 from clients.connection import Utterance
 from realtime.capacity import CapacityConfig
-from realtime.config import EngineConfig
+from realtime.config import EngineConfig, ServedModel, ServerConfig
 from realtime.engine import Engine
 from realtime.logs import configure_logging
-from realtime.server import RealtimeServer, ServerConfig
+from realtime.server import RealtimeServer
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.model import Hypothesis, WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter
@@ -149,7 +149,7 @@ async def run_voxrt(
     # policy under load (`benchmarks/capacity.py` measures admission).
     unlimited = CapacityConfig(target_busy=100, max_lag_seconds=3600)
     engine = Engine(WhisperRunner(model, policy), EngineConfig(max_sessions=n, capacity=unlimited))
-    server = RealtimeServer(engine, ServerConfig(port=0, max_sessions=n), {"whisper"}, "whisper-tiny.en")
+    server = RealtimeServer(engine, ServerConfig(port=0, max_sessions=n), ServedModel(name="whisper-tiny.en"))
     await server.start()
     url = f"ws://127.0.0.1:{server.port}/v1/realtime"
     started = time.monotonic()

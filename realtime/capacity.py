@@ -10,13 +10,21 @@ the cost is read per step, not from the busy share, which is reported as a figur
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from realtime.settings import setting
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CapacityConfig:
-    target_busy: float = 0.8  # share of each step period the model may spend on admitted sessions
-    max_lag_seconds: float = 3.0  # a session this far behind real time: refuse new ones, shed the newest
+    target_busy: float = field(
+        default=0.8,
+        metadata=setting("admit sessions while all of them speaking would keep the model at most this busy"),
+    )
+    max_lag_seconds: float = field(
+        default=3.0,
+        metadata=setting("refuse new sessions, and shed the newest, once one is this far behind real time"),
+    )
     # The share of each step period the sessions kept after a shed may take: they are already
     # behind, and only a step shorter than its period lets them catch up.
     shed_to_busy: float = 0.7

@@ -1,22 +1,72 @@
-"""The engine's settings, and the snapshot of its state it publishes."""
+"""The server's and the engine's settings, and the snapshot of its state the engine publishes.
+
+Each field made with `setting(...)` is also a `voxrt serve` flag and a `VOXRT_*` environment
+variable (`realtime/settings.py`). Nothing here imports torch: every `voxrt` command builds
+these flags.
+"""
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from realtime.capacity import CapacityConfig
-from voxtral.vad import VadConfig
+from realtime.limits import ConnectionLimits, Network, parse_networks
+from realtime.settings import comma_list, setting
 
 if TYPE_CHECKING:
     from realtime.engine import Engine
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineConfig:
-    max_sessions: int = 64
-    max_session_seconds: float = 4 * 3600.0
+    max_sessions: int = 64  # what the server admits at most (Voxtral: its KV slots)
+    max_session_seconds: float = field(
+        default=4 * 3600.0, metadata=setting("an utterance past this ends with session_too_long")
+    )
     feature_cache_bytes: int = 64 << 20
-    vad: VadConfig = field(default_factory=VadConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
+
+
+@dataclass(kw_only=True)
+class ServerConfig:
+    host: str = field(default="127.0.0.1", metadata=setting("address to listen on"))
+    port: int = field(default=8000, metadata=setting("port to listen on (0: any free one)"))
+    max_sessions: int = field(default=64, metadata=setting("a hard cap, whatever capacity measures"))
+    max_frame_bytes: int = field(
+        default=1 << 20, metadata=setting("a larger WebSocket frame closes with 1009")
+    )
+    api_key: str | None = field(default=None, metadata=setting("the key every WebSocket upgrade must carry"))
+    drain_seconds: float = field(
+        default=10.0, metadata=setting("on SIGTERM, how long running utterances may take to finish")
+    )
+    max_connections_per_ip: int = field(
+        default=0, metadata=setting("upgrades per client address (0: no limit)")
+    )
+    trusted_proxies: list[Network] = field(
+        default_factory=list,
+        metadata=setting(
+            "addresses/networks whose X-Forwarded-For names the client, e.g. 127.0.0.1,10.0.0.0/8",
+            parse=parse_networks,
+        ),
+    )
+    allowed_origins: list[str] = field(
+        default_factory=list,
+        metadata=setting("browser origins allowed, comma-separated (default: any)", parse=comma_list),
+    )
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedModel:
+    """The model the server serves, as the wire protocols name it."""
+
+    name: str  # what session.created reports
+    names: frozenset[str] = frozenset()  # names a client may ask for it by
+    strict_model: bool = field(
+        default=False,
+        metadata=setting(
+            "refuse a session.update naming a model not served (default: use the served one, as vLLM does)"
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from realtime.config import ServedModel
 from realtime.engine import Engine
 from realtime.events import Delta, Done, EngineEvent, Failed
 from realtime.limits import ConnectionLimits, EventRate
@@ -51,12 +52,14 @@ class Connection:
         engine: Engine,
         metrics: Metrics,
         limits: ConnectionLimits,
+        model: ServedModel,
         connection_id: str,
     ) -> None:
         self.websocket = websocket
         self.engine = engine
         self.metrics = metrics
         self.limits = limits
+        self.model = model
         self.connection_id = connection_id
         self.log = structlog.get_logger("voxrt.connection").bind(connection_id=connection_id)
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue(maxsize=limits.outbox_events)

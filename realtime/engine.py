@@ -69,7 +69,7 @@ class Engine:
         transcription: Transcription = Transcription(),
     ) -> None:
         """Its turn detection (default: the engine's), language and task (default: the model's choice)."""
-        self._commands.put(AddUtterance(utterance_id, on_event, vad or self.config.vad, transcription))
+        self._commands.put(AddUtterance(utterance_id, on_event, vad or VadConfig(), transcription))
 
     def add_audio(self, utterance_id: str, samples: np.ndarray, arrived_at: float | None = None) -> None:
         """`arrived_at`: when the audio reached the server (default: now)."""

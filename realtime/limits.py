@@ -6,20 +6,21 @@ from dataclasses import dataclass, field
 
 from websockets.datastructures import Headers
 
+from realtime.settings import setting
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ConnectionLimits:
-    outbox_events: int = 256
-    served_model: str = ""
-    model_names: frozenset[str] = frozenset()  # names a client may ask for the served model by
-    strict_model: bool = False  # refuse a model name voxrt does not serve (vLLM accepts any)
-    idle_seconds: float = 30.0  # no client event this long (and no result owed): closed
-    max_buffered_seconds: float = (
-        30.0  # audio received, not yet consumed by the engine: reading pauses past it
+    outbox_events: int = field(default=256, metadata=setting("server events queued per slow client"))
+    idle_seconds: float = field(
+        default=30.0, metadata=setting("close a connection without events (and owed no result)")
     )
-    max_events_per_second: float = 500.0
+    max_buffered_seconds: float = field(
+        default=30.0, metadata=setting("audio received, not yet consumed by the engine: reads pause past it")
+    )
+    max_events_per_second: float = field(default=500.0, metadata=setting("client events per second"))
 
 
 @dataclass

@@ -8,7 +8,6 @@ import signal
 import socket
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -20,9 +19,10 @@ from websockets.http11 import Request, Response
 
 from realtime import heap
 from realtime.admission import Admission
+from realtime.config import ServedModel, ServerConfig
 from realtime.connection import Connection
 from realtime.engine import Engine
-from realtime.limits import ConnectionLimits, Network, client_address
+from realtime.limits import client_address
 from realtime.metrics import Metrics
 from realtime.protocols import openai_wire
 from realtime.protocols import vllm as protocol
@@ -47,40 +47,13 @@ ENGINE_CHECK_SECONDS = 1.0
 RETRY_AFTER_SECONDS = 5
 
 
-@dataclass
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_sessions: int = 64
-    max_frame_bytes: int = 1 << 20
-    api_key: str | None = None
-    strict_model: bool = False
-    drain_seconds: float = 10.0
-    outbox_events: int = 256
-    idle_seconds: float = 30.0
-    max_buffered_seconds: float = 30.0
-    max_events_per_second: float = 500.0
-    max_connections_per_ip: int = 0  # 0: no limit
-    trusted_proxies: list[Network] = field(default_factory=list)
-    allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
-
-
 class RealtimeServer:
-    def __init__(self, engine: Engine, config: ServerConfig, model_names: set[str], model_label: str) -> None:
+    def __init__(self, engine: Engine, config: ServerConfig, model: ServedModel) -> None:
         self.engine = engine
         self.config = config
         self.metrics = Metrics(engine)
         engine.on_step = lambda seconds, _: self.metrics.step_seconds.observe(seconds)
-        self.model_label = model_label
-        self.limits = ConnectionLimits(
-            config.outbox_events,
-            model_label,
-            frozenset(model_names),
-            config.strict_model,
-            config.idle_seconds,
-            config.max_buffered_seconds,
-            config.max_events_per_second,
-        )
+        self.model = model
         self.connections_by_address: Counter[str] = Counter()
         self.connections: set[Connection] = set()
         self.admission = Admission(engine, self.metrics, self.connections, config.max_sessions)
@@ -131,7 +104,7 @@ class RealtimeServer:
         stats, (_, fit) = self.engine.stats(), self.admission.seats()
         body = {
             "status": status,
-            "model": self.model_label,
+            "model": self.model.name,
             "connections": len(self.connections),
             "capacity": fit,
             "max_sessions": self.config.max_sessions,
@@ -189,7 +162,9 @@ class RealtimeServer:
     async def _handle(self, websocket: ServerConnection) -> None:
         connection_id = f"sess-{uuid.uuid4().hex}"
         websocket.transport.max_size = READ_BYTES  # asyncio's recv() size
-        connection = Connection(websocket, self.engine, self.metrics, self.limits, connection_id)
+        connection = Connection(
+            websocket, self.engine, self.metrics, self.config.limits, self.model, connection_id
+        )
         openai = _wants_openai(websocket.request)
         address = self._address(websocket)
         self.connections_by_address[address] += 1
@@ -227,7 +202,7 @@ class RealtimeServer:
         log.info(
             "server.listening",
             url=f"ws://{self.config.host}:{self.port}{REALTIME_PATH}",
-            model=self.model_label,
+            model=self.model.name,
             device=str(self.engine.runner.device),
         )
 

@@ -19,13 +19,21 @@ from websockets.sync.client import ClientConnection, connect
 
 from clients.audio import float32_to_pcm16
 from realtime.capacity import CapacityConfig
-from realtime.config import EngineConfig
+from realtime.config import EngineConfig, ServedModel, ServerConfig
 from realtime.engine import Engine
-from realtime.server import RealtimeServer, ServerConfig
+from realtime.server import RealtimeServer
+
+TINY_EN = ServedModel(name="whisper-tiny.en", names=frozenset({"whisper-tiny.en", "whisper"}))
 
 
 class ServerThread:
-    def __init__(self, runner, config: ServerConfig, engine_config: EngineConfig | None = None):
+    def __init__(
+        self,
+        runner,
+        config: ServerConfig,
+        engine_config: EngineConfig | None = None,
+        model: ServedModel = TINY_EN,
+    ):
         config.port = 0
         # Measured capacity would refuse the many idle connections these tests open on
         # 2 cores, and shedding would end their deliberately overloaded sessions: here only
@@ -34,7 +42,7 @@ class ServerThread:
             max_sessions=config.max_sessions, capacity=CapacityConfig(target_busy=100, max_lag_seconds=3600)
         )
         self.engine = Engine(runner, engine_config or unmeasured)
-        self.server = RealtimeServer(self.engine, config, {"whisper-tiny.en", "whisper"}, "whisper-tiny.en")
+        self.server = RealtimeServer(self.engine, config, model)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

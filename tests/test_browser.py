@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from realtime.server import ServerConfig
+from realtime.config import ServerConfig
 from tests.conftest import espeak
 from tests.server_harness import ServerThread
 from voxtral.whisper.runner import WhisperRunner

@@ -11,8 +11,7 @@ import pytest
 
 from benchmarks.text import word_error_rate
 from clients import mic, soak
-from realtime.config import EngineConfig
-from realtime.server import ServerConfig
+from realtime.config import EngineConfig, ServerConfig
 from tests.conftest import ROOT, SAMPLES
 from tests.server_harness import ServerThread, wait_until
 from voxtral.whisper.runner import WhisperRunner

@@ -51,7 +51,7 @@ def test_manifests_match_the_server(server):
 
 @pytest.fixture(scope="module")
 def server(whisper_model):
-    from realtime.server import ServerConfig
+    from realtime.config import ServerConfig
     from tests.server_harness import ServerThread
     from voxtral.whisper.runner import WhisperRunner
 

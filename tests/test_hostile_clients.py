@@ -19,8 +19,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from benchmarks.text import word_error_rate
-from realtime.limits import parse_networks
-from realtime.server import ServerConfig
+from realtime.config import ServerConfig
+from realtime.limits import ConnectionLimits, parse_networks
 from tests.server_harness import (
     ServerProcess,
     ServerThread,
@@ -54,7 +54,8 @@ def welcome_4s(welcome):
 
 
 def test_idle_connections_are_closed_and_a_real_client_gets_in(whisper_model, welcome_4s):
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=3, idle_seconds=1.5))
+    config = ServerConfig(max_sessions=3, limits=ConnectionLimits(idle_seconds=1.5))
+    harness = ServerThread(WhisperRunner(whisper_model), config)
     try:
         idle = [harness.connect() for _ in range(3)]
         with pytest.raises(InvalidStatus) as refused:
@@ -264,9 +265,8 @@ HOSTILE = st.lists(
 def test_well_behaved_sessions_get_their_text_whatever_the_hostile_ones_do(
     whisper_model, welcome_4s, hostile
 ):
-    harness = ServerThread(
-        WhisperRunner(whisper_model), ServerConfig(max_sessions=8, idle_seconds=1.0, outbox_events=8)
-    )
+    config = ServerConfig(max_sessions=8, limits=ConnectionLimits(idle_seconds=1.0, outbox_events=8))
+    harness = ServerThread(WhisperRunner(whisper_model), config)
     noise = np.random.default_rng(0).normal(0, 0.3, 16000).astype(np.float32)
 
     def behave(kind: str) -> tuple[int, str] | None:
@@ -347,7 +347,8 @@ def test_a_connection_the_server_closes_leaves_the_engine_at_once(whisper_model,
     held) and the reader paused by backpressure. A client that has stopped (it answers no
     close frame) holds the close for websockets' close timeout: its utterance leaves as the
     close begins, not once the handshake gives up."""
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_buffered_seconds=1.0))
+    config = ServerConfig(limits=ConnectionLimits(max_buffered_seconds=1.0))
+    harness = ServerThread(WhisperRunner(whisper_model), config)
     gate, held = hold_steps(harness.engine, monkeypatch)
     uploader = subprocess.Popen([sys.executable, "-c", UPLOADER, harness.url])
     try:

@@ -9,9 +9,9 @@ import pytest
 import soxr
 
 from benchmarks.text import char_error_rate, normalize_words, word_error_rate
+from realtime.config import ServerConfig
 from realtime.engine import Engine
 from realtime.events import Delta, Done, LanguageDetected
-from realtime.server import ServerConfig
 from tests.conftest import espeak
 from tests.server_harness import ServerThread, events_until, expect_error, stream
 from tests.test_openai_realtime import b64, client, events_until_completed

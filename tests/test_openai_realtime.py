@@ -2,6 +2,7 @@
 
 import asyncio
 import base64
+import dataclasses
 import json
 
 import numpy as np
@@ -12,9 +13,9 @@ from websockets.sync.client import connect
 
 from benchmarks.text import word_error_rate
 from clients.audio import float32_to_pcm16
-from realtime.server import ServerConfig
+from realtime.config import ServerConfig
 from tests.conftest import espeak
-from tests.server_harness import ServerThread, events_until
+from tests.server_harness import TINY_EN, ServerThread, events_until
 from voxtral.whisper.runner import WhisperRunner
 
 SENTENCES = [
@@ -237,7 +238,8 @@ def test_vllm_realtime_client_with_its_default_flags(server, tmp_path):
 
 
 def test_strict_model_refuses_a_model_it_does_not_serve(whisper_model):
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=2, strict_model=True))
+    strict = dataclasses.replace(TINY_EN, strict_model=True)
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=2), model=strict)
     try:
         with harness.connect() as ws:
             ws.send(json.dumps({"type": "session.update", "model": "whisper-tiny.en"}))

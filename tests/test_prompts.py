@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soxr
 
-from realtime.server import ServerConfig
+from realtime.config import ServerConfig
 from tests.conftest import espeak
 from tests.server_harness import ServerThread, events_until, stream
 from tests.test_openai_realtime import b64, client, events_until_completed

@@ -12,7 +12,7 @@ def test_ci_runs_the_readme_test_command():
 
 def _readme_default(text: str) -> list:
     """A default as README's limits table writes it, as the parser holds it."""
-    words = {"any": "", "none": None, "1 MiB": 1 << 20}
+    words = {"any": [], "none": None, "1 MiB": 1 << 20}
     if text in words:
         return [words[text]]
     return [float(value.split()[0]) for value in text.split(", ")]

@@ -12,9 +12,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from benchmarks.text import word_error_rate
-from realtime.config import EngineConfig
+from realtime.config import EngineConfig, ServedModel, ServerConfig
 from realtime.engine import Engine
-from realtime.server import RealtimeServer, ServerConfig
+from realtime.limits import ConnectionLimits
+from realtime.server import RealtimeServer
 from tests.conftest import espeak
 from tests.server_harness import (
     ServerThread,
@@ -229,7 +230,7 @@ def test_client_that_vanishes_mid_stream_leaves_nothing(server, welcome):
 
 def test_client_that_stops_reading_is_closed(whisper_model):
     # No event-rate limit: it would close this client before its unread events pile up.
-    config = ServerConfig(outbox_events=8, max_events_per_second=1e9)
+    config = ServerConfig(limits=ConnectionLimits(outbox_events=8, max_events_per_second=1e9))
     harness = ServerThread(WhisperRunner(whisper_model), config)
     try:
         sock = socket.socket()
@@ -359,7 +360,7 @@ def test_a_dead_engine_turns_health_unready(whisper_model, monkeypatch):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_dead_engine_ends_serve_with_exit_status_1(whisper_model, monkeypatch):
     engine = Engine(WhisperRunner(whisper_model))
-    server = RealtimeServer(engine, ServerConfig(port=0), {"whisper"}, "whisper")
+    server = RealtimeServer(engine, ServerConfig(port=0), ServedModel(name="whisper"))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -441,7 +442,8 @@ def test_delta_latency_counts_the_time_audio_waited_in_tcp(whisper_model, welcom
     held back): each delta's latency counts from when the client sent the audio, not from
     when the server got round to reading it."""
     samples, _ = welcome
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_buffered_seconds=0.5))
+    config = ServerConfig(limits=ConnectionLimits(max_buffered_seconds=0.5))
+    harness = ServerThread(WhisperRunner(whisper_model), config)
     gate, _ = hold_steps(harness.engine, monkeypatch)
     chunk, aged = 1600, 2.0
     try:

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.text import word_error_rate
-from realtime.server import ServerConfig
+from realtime.config import ServerConfig
 from tests.server_harness import ServerThread, append_event, events_until
 from voxtral.whisper.runner import WhisperRunner
 

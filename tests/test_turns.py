@@ -10,9 +10,9 @@ import torch
 from silero_vad import load_silero_vad
 
 from benchmarks.text import normalize_words, word_error_rate
+from realtime.config import ServerConfig
 from realtime.engine import Engine
 from realtime.events import Delta, Done, Interim, SpeechStarted, SpeechStopped
-from realtime.server import ServerConfig
 from tests.conftest import espeak
 from tests.server_harness import ServerThread, append_event
 from voxtral.vad import FRAME, Vad, VadStream

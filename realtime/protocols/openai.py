@@ -55,7 +55,7 @@ class OpenAISession:
         return None if self.rate == SAMPLE_RATE else soxr.ResampleStream(self.rate, SAMPLE_RATE, 1, "float32")
 
     def _session(self) -> dict:
-        model = self.connection.limits.served_model
+        model = self.connection.model.name
         return session_object(self.session_id, model, self.rate, self.settings, self.vad)
 
     def opened(self) -> None:
@@ -86,9 +86,9 @@ class OpenAISession:
             self.connection.send(error(exc.code, exc.message, exc.event_id or event_id))
 
     def _update(self, update: TranscriptionSettings, event_id: str | None) -> None:
-        limits = self.connection.limits
-        if update.model is not None and update.model not in limits.model_names:
-            if limits.strict_model:
+        served = self.connection.model
+        if update.model is not None and update.model not in served.names:
+            if served.strict_model:
                 raise ProtocolError("unknown_model", f"unknown model {update.model!r}", event_id)
             self.connection.log.warning("session.model_substituted", requested=update.model[:200])
         if update.rate is not None and update.rate != self.rate:

@@ -150,9 +150,9 @@ class VllmSession:
             self.connection.send_error(exc.code, exc.message)
 
     def _update(self, event: SessionUpdate) -> None:
-        limits = self.connection.limits
-        if event.model is not None and event.model not in limits.model_names:
-            if limits.strict_model:
+        served = self.connection.model
+        if event.model is not None and event.model not in served.names:
+            if served.strict_model:
                 raise ProtocolError("unknown_model", f"unknown model {event.model!r}")
             # vLLM serves its one model whatever the name: so does voxrt, unless --strict-model.
             self.connection.log.warning("session.model_substituted", requested=event.model[:200])
