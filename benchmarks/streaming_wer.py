@@ -1,6 +1,8 @@
 """Streamed WER against offline WER without a clock: deterministic, so one run can tell a point.
 
-Each `benchmarks/speech.py` passage (long sentences, several voices, pauses, noise), at each
+Each `benchmarks/speech.py` passage (long sentences, several voices, pauses, noise), or with
+`--speech real` each recording of `benchmarks/real_speech.py` (scored against its reference
+text where one is kept, else the same model's offline text of it), at each
 start offset (that much silence before it: where windows end moves tiny.en's WER by points),
 streams alone through the engine with no real-time pacing, one step per `--step` seconds of
 audio (a real-time session's window is decoded about once per 0.5 s alone, and once per 1.2 s
@@ -8,7 +10,8 @@ at 4 sessions, where a step decodes one window of a turn going on); the same mod
 loads it on a CPU, transcribes it offline too. Prints one JSON line: the mean WER of each, scored
 as Whisper's evaluations score English and verbatim (`benchmarks/text.py`).
 
-    .venv/bin/python -m benchmarks.streaming_wer [--passages 6] [--offsets 0,0.25] [--step 0.7]
+    .venv/bin/python -m benchmarks.streaming_wer [--speech real] [--passages 6] [--offsets 0,0.25]
+        [--step 0.7]
 """
 
 import argparse
@@ -18,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from benchmarks.real_speech import REFERENCES, recording
 from benchmarks.speech import passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
@@ -25,6 +29,7 @@ from realtime.engine import Engine
 from realtime.events import Done
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
+from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.runner import WhisperRunner
 
 
@@ -41,9 +46,24 @@ def streamed_text(runner: WhisperRunner, audio: np.ndarray, step_samples: int) -
     return next(e.text for e in events if isinstance(e, Done))
 
 
+def clips(
+    speech: str, timing: WhisperModel, model: WhisperModel, count: int
+) -> dict[str, tuple[np.ndarray, str]]:
+    """name -> (audio, reference): synthetic passages with their text, or the real recordings
+    with their reference text where one is kept, else the model's offline text of them."""
+    if speech == "synthetic":
+        return {str(i): (p.audio, p.text) for i in range(count) for p in [passage(timing, i)]}
+    out = {}
+    for name in REFERENCES:
+        r = recording(name)
+        out[name] = (r.audio, r.reference or offline_texts(model, [r.audio])[0])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--passages", type=int, default=6)
+    parser.add_argument("--speech", choices=("synthetic", "real"), default="synthetic")
+    parser.add_argument("--passages", type=int, default=6, help="synthetic passages")
     parser.add_argument("--offsets", default="0,0.25", help="seconds of silence before each passage")
     parser.add_argument("--step", type=float, default=0.7, help="seconds of audio per engine step")
     args = parser.parse_args()
@@ -53,14 +73,13 @@ def main() -> None:
     runner = WhisperRunner(model)
     step = round(args.step * SAMPLE_RATE)
     references, streamed, offline = {}, {}, {}
-    for index in range(args.passages):
-        p = passage(timing, index)
+    for name, (audio, reference) in clips(args.speech, timing, model, args.passages).items():
         for seconds in map(float, args.offsets.split(",")):
-            shifted = p.delayed(seconds)
-            key = f"{index}@{seconds}"
-            references[key] = p.text
-            streamed[key] = streamed_text(runner, shifted.audio, step)
-            offline[key] = offline_texts(model, [shifted.audio])[0]
+            shifted = np.concatenate([np.zeros(round(seconds * SAMPLE_RATE), np.float32), audio])
+            key = f"{name}@{seconds}"
+            references[key] = reference
+            streamed[key] = streamed_text(runner, shifted, step)
+            offline[key] = offline_texts(model, [shifted])[0]
 
     def mean(score: Callable[[str, str], float], texts: dict[str, str]) -> float:
         return mean_wer(score, [references[k] for k in texts], list(texts.values()))
@@ -68,6 +87,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "speech": args.speech,
                 "step_s": args.step,
                 "streamed_wer": mean(whisper_wer, streamed),
                 "offline_wer": mean(whisper_wer, offline),
