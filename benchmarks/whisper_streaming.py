@@ -149,7 +149,8 @@ async def run_voxrt(
     # policy under load (`benchmarks/capacity.py` measures admission).
     unlimited = CapacityConfig(target_busy=100, max_lag_seconds=3600)
     engine = Engine(WhisperRunner(model, policy), EngineConfig(max_sessions=n, capacity=unlimited))
-    server = RealtimeServer(engine, ServerConfig(port=0, max_sessions=n), ServedModel(name="whisper-tiny.en"))
+    served = ServedModel(name="whisper-tiny.en", names=frozenset({"whisper"}))
+    server = RealtimeServer(engine, ServerConfig(port=0, max_sessions=n), served)
     await server.start()
     url = f"ws://127.0.0.1:{server.port}/v1/realtime"
     started = time.monotonic()

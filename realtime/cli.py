@@ -29,9 +29,10 @@ def build_server(args: argparse.Namespace):
     from realtime.server import RealtimeServer
     from voxtral.loading import load_model
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, args.device, args.dtype, args.max_sessions)
+    load = from_args(ModelSettings, args)
+    if load.threads:
+        torch.set_num_threads(load.threads)
+    loaded = load_model(load.model, load.device, load.dtype, args.max_sessions)
     capacity = from_args(CapacityConfig, args)
     engine = Engine(
         loaded.runner, from_args(EngineConfig, args, max_sessions=loaded.max_sessions, capacity=capacity)
