@@ -36,6 +36,7 @@ class Utterance:
     interims: list[tuple[float, str]] = field(default_factory=list)
     done: dict | None = None
     done_at: float | None = None  # seconds since start when `transcription.done` arrived
+    words: list[dict] = field(default_factory=list)  # timed words, when asked for (`done`'s)
     errors: list[dict] = field(default_factory=list)
 
 
@@ -109,11 +110,15 @@ async def commit(connection: ClientConnection, final: bool = False) -> None:
     await connection.send(json.dumps(event))
 
 
-async def update_session(connection: ClientConnection, interim: bool, language: str | None) -> None:
-    """voxrt's session.update extensions, sent only when asked for (a plain vLLM session has neither)."""
-    settings = {"interim": True} if interim else {}
+async def update_session(
+    connection: ClientConnection, interim: bool, language: str | None, word_timestamps: bool = False
+) -> None:
+    """voxrt's session.update extensions, sent only when asked for (a plain vLLM session has none)."""
+    settings: dict = {"interim": True} if interim else {}
     if language:
         settings["language"] = language
+    if word_timestamps:
+        settings["word_timestamps"] = True
     if settings:
         await connection.send(json.dumps({"type": "session.update", **settings}))
 
@@ -126,18 +131,20 @@ async def stream_utterance(
     on_event: Callable[[dict], None] | None = None,
     interim: bool = False,
     language: str | None = None,
+    word_timestamps: bool = False,
 ) -> Utterance:
     """Stream `samples` paced at `speed` x real time (0: as fast as possible), then wait for done.
 
     Paced like a microphone: a chunk is sent once it has been captured, so time 0 (the
-    start of every timestamp in the result) is when the first sample was heard. `interim`
-    and `language` (for a multilingual model; None: it detects) are asked for first.
+    start of every timestamp in the result) is when the first sample was heard. `interim`,
+    `language` (for a multilingual model; None: it detects) and `word_timestamps` are asked
+    for first.
     """
     result = Utterance()
     started = time.monotonic()
 
     async def send_all() -> None:
-        await update_session(connection, interim, language)
+        await update_session(connection, interim, language, word_timestamps)
         await commit(connection)
         chunk = int(SAMPLE_RATE * chunk_ms / 1000)
         for offset in range(0, len(samples), chunk):
@@ -162,6 +169,7 @@ async def stream_utterance(
             elif kind == "transcription.done":
                 result.done, result.done_at = event, time.monotonic() - started
                 result.text = event["text"]
+                result.words = event.get("words", [])
                 break
             elif kind == "error":
                 result.errors.append(event)

@@ -7,6 +7,8 @@ import json
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
@@ -21,6 +23,7 @@ from clients.stream import (
     EXIT_USAGE,
     refusal_notice,
 )
+from clients.subtitles import render
 
 CHUNK = SAMPLE_RATE // 10  # 100 ms
 CLOSE_WAIT_SECONDS = 15.0  # a draining server closes after its running utterances are done
@@ -41,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None)
     parser.add_argument(
         "--retry-seconds", type=float, default=RETRY_SECONDS, help="retry a busy server this long"
+    )
+    parser.add_argument(
+        "--save",
+        default=None,
+        metavar="FILE",
+        help="write the transcript at the end: captions for FILE.srt or FILE.vtt, text and timed words "
+        "for FILE.json, else text",
     )
 
 
@@ -117,18 +127,45 @@ async def _mic_source(sd, device: int | None, queue: asyncio.Queue, stop: asynci
     await queue.put(None)
 
 
+@dataclass
+class Transcript:
+    """What a mic session said, across the utterances it took (a draining server ends one)."""
+
+    texts: list[str] = field(default_factory=list)
+    words: list[dict] = field(default_factory=list)  # on the session's clock
+    sent_seconds: float = 0.0  # audio sent in the utterances before the running one
+
+    def add(self, text: str, words: list[dict], seconds: float) -> None:
+        self.texts.append(text)
+        shift = self.sent_seconds
+        self.words += [{**w, "start": w["start"] + shift, "end": w["end"] + shift} for w in words]
+        self.sent_seconds += seconds
+
+
+def save_format(path: str) -> str:
+    return {".srt": "srt", ".vtt": "vtt", ".json": "json"}.get(Path(path).suffix.lower(), "text")
+
+
 async def _utterance(
-    connection, queue: asyncio.Queue, display: Display, language: str | None
+    connection,
+    queue: asyncio.Queue,
+    display: Display,
+    language: str | None,
+    transcript: Transcript,
+    word_timestamps: bool,
 ) -> tuple[int, str | None]:
     """Stream the source's chunks as one utterance until `transcription.done` (after Ctrl-C,
-    or when a draining server ends it): (exit status, final text)."""
+    or when a draining server ends it), kept in `transcript`: (exit status, final text)."""
+    sent = 0
 
     async def send() -> None:
-        await update_session(connection, True, language)
+        nonlocal sent
+        await update_session(connection, True, language, word_timestamps)
         await commit(connection)
         while (chunk := await queue.get()) is not None:
             display.level(_level_db(chunk))
             await send_audio(connection, chunk)
+            sent += len(chunk)
         await commit(connection, final=True)
 
     sender = asyncio.create_task(send())
@@ -140,6 +177,7 @@ async def _utterance(
             elif event["type"] == "transcription.interim":
                 display.show_interim(event["text"])
             elif event["type"] == "transcription.done":
+                transcript.add(event["text"], event.get("words", []), sent / SAMPLE_RATE)
                 return EXIT_OK, event["text"]
             elif event["type"] == "error":
                 print(f"\nvoxrt mic: server error {event['code']}: {event['error']}", file=sys.stderr)
@@ -160,7 +198,7 @@ async def _run(args: argparse.Namespace, sd) -> int:
         source = asyncio.create_task(_file_source(args.input_file, queue, stop))
     else:
         source = asyncio.create_task(_mic_source(sd, args.device, queue, stop))
-    connection, status = None, EXIT_OK
+    connection, status, transcript = None, EXIT_OK, Transcript()
     try:
         # One utterance until Ctrl-C; a server that drains ends it (1001), and the words
         # spoken meanwhile wait in the queue for the next server the balancer picks.
@@ -178,7 +216,10 @@ async def _run(args: argparse.Namespace, sd) -> int:
             except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
                 print(f"voxrt mic: cannot connect to {args.url}: {exc}", file=sys.stderr)
                 return EXIT_CONNECTION
-            status, final_text = await _utterance(connection, queue, display, args.language)
+            timed = args.save is not None and save_format(args.save) != "text"
+            status, final_text = await _utterance(
+                connection, queue, display, args.language, transcript, timed
+            )
             if final_text is not None:
                 print(("\r\x1b[K" if display.tty else "\n") + final_text, flush=True)
                 display.text = ""
@@ -190,6 +231,14 @@ async def _run(args: argparse.Namespace, sd) -> int:
         source.cancel()
         if connection is not None:
             await connection.close()
+    if args.save is not None:
+        try:
+            Path(args.save).write_text(
+                render(save_format(args.save), " ".join(transcript.texts), transcript.words)
+            )
+        except OSError as exc:
+            print(f"voxrt mic: cannot write {args.save}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     return status
 
 

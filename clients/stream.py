@@ -11,6 +11,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketExce
 
 from clients.audio import load_audio_file
 from clients.connection import RETRY_SECONDS, ServerError, reopened, stream_utterance
+from clients.subtitles import FORMATS, render
 
 EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
@@ -24,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pace.add_argument("--speed", type=float, default=1.0, help="pace at X times real time; 0 = unpaced")
     parser.add_argument("--chunk-ms", type=int, default=100)
     parser.add_argument("--json", action="store_true", help="print the server's events as JSON lines")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="the transcript written at the end: text, json (text and timed words), srt or vtt captions",
+    )
+    parser.add_argument("-o", "--output", default=None, help="write the transcript here (one FILE only)")
     parser.add_argument(
         "--interim",
         action="store_true",
@@ -58,6 +66,7 @@ def refusal_notice(prog: str) -> Callable[[InvalidStatus], None]:
 async def _stream(args: argparse.Namespace, audios: list) -> int:
     status, connection = EXIT_OK, None
     speed = 1.0 if args.realtime else args.speed
+    quiet = args.format != "text" and args.output is None  # a document on stdout is all it carries
     try:
         for path, samples in audios:
             try:
@@ -73,6 +82,8 @@ async def _stream(args: argparse.Namespace, audios: list) -> int:
             committed: list[str] = []
 
             def show(event: dict, committed: list[str] = committed) -> None:
+                if quiet:
+                    return
                 if args.json:
                     print(json.dumps(event), flush=True)
                 elif event.get("type") == "transcription.delta":
@@ -84,11 +95,27 @@ async def _stream(args: argparse.Namespace, audios: list) -> int:
 
             try:
                 result = await stream_utterance(
-                    connection, samples, args.chunk_ms, speed, show, args.interim, args.language
+                    connection,
+                    samples,
+                    args.chunk_ms,
+                    speed,
+                    show,
+                    args.interim,
+                    args.language,
+                    word_timestamps=args.format in ("json", "srt", "vtt"),
                 )
             except WebSocketException as exc:
                 return _fail(EXIT_CONNECTION, f"connection lost while streaming {path}: {exc}")
-            if not args.json:
+            document = render(args.format, result.text, result.words)
+            if args.output is not None:
+                try:
+                    with open(args.output, "w", encoding="utf-8") as out:
+                        out.write(document)
+                except OSError as exc:
+                    return _fail(EXIT_USAGE, f"cannot write {args.output}: {exc}")
+            if quiet:
+                print(document, end="", flush=True)
+            elif not args.json:
                 print(f"\r\x1b[K{result.text}" if sys.stdout.isatty() else f"\n{result.text}", flush=True)
             for error in result.errors:
                 print(
@@ -106,6 +133,8 @@ async def _stream(args: argparse.Namespace, audios: list) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.chunk_ms <= 0 or args.speed < 0:
         return _fail(EXIT_USAGE, "--chunk-ms must be positive and --speed not negative")
+    if args.output is not None and len(args.files) > 1:
+        return _fail(EXIT_USAGE, "--output takes the transcript of one FILE")
     audios = []
     for path in args.files:
         try:

@@ -2,11 +2,14 @@
 
 from dataclasses import dataclass
 
+from voxtral.runner import TimedWord
+
 
 @dataclass
 class Delta:
     text: str  # committed text, appended to what came before
     latency: float  # seconds since the audio this text came from arrived
+    words: list[TimedWord] | None = None  # its words, timed, where the utterance asked for them
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Done:
     text: str
     audio_seconds: float  # what the client sent, without the family's padding
     num_tokens: int
+    words: list[TimedWord] | None = None  # every delta's words, where the utterance asked for them
 
 
 @dataclass

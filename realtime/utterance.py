@@ -23,7 +23,7 @@ from realtime.ingest import Ingest, IngestBuffer
 from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
-from voxtral.runner import ModelRunner, UtteranceOutput
+from voxtral.runner import ModelRunner, TimedWord, UtteranceOutput
 from voxtral.vad import Vad, VadStream
 
 log = structlog.get_logger(__name__)
@@ -41,6 +41,7 @@ class Utterance:
     vad: VadStream = field(default_factory=VadStream)
     interim: str = ""  # the last `Interim` sent
     text_parts: list[str] = field(default_factory=list)  # the deltas sent, joined once at the end
+    words: list[TimedWord] | None = None  # the deltas' timed words, where the client asked for them
     num_tokens: int = 0
     num_client_samples: int = 0  # what the client sent, without the family's padding
 
@@ -88,6 +89,8 @@ class Utterances(dict[str, Utterance]):
             return
         self.scheduler.add_request(request)
         utterance = Utterance(request, state, command.on_event, vad=VadStream(command.vad))
+        if command.transcription.word_times:
+            utterance.words = []
         self[command.utterance_id] = utterance
         self._ingest(utterance, np.zeros(self.runner.leading_silence_samples, np.float32), time.monotonic())
 
@@ -153,13 +156,18 @@ class Utterances(dict[str, Utterance]):
             utterance.emit(LanguageDetected(output.language))
         if text:
             utterance.text_parts.append(text)
-            utterance.emit(Delta(text, time.monotonic() - output.audio_arrived_at))
+            words = None
+            if utterance.words is not None:
+                words = output.words or []
+                utterance.words += words
+            utterance.emit(Delta(text, time.monotonic() - output.audio_arrived_at, words))
         if output.interim is not None and output.interim != utterance.interim and not output.finished:
             utterance.interim = output.interim
             utterance.emit(Interim(output.interim))
         if output.finished:
             seconds = utterance.num_client_samples / SAMPLE_RATE
-            utterance.emit(Done("".join(utterance.text_parts), seconds, utterance.num_tokens))
+            text = "".join(utterance.text_parts)
+            utterance.emit(Done(text, seconds, utterance.num_tokens, utterance.words))
             self.end(utterance)
 
     def fail(self, utterance: Utterance, code: str, message: str) -> None:

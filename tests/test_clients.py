@@ -1,6 +1,7 @@
 """The clients as subprocesses against a real server on an ephemeral port."""
 
 import argparse
+import itertools
 import json
 import signal
 import subprocess
@@ -8,9 +9,11 @@ import sys
 import time
 
 import pytest
+import srt
+import webvtt
 
 from benchmarks.text import word_error_rate
-from clients import mic, soak
+from clients import mic, soak, subtitles
 from realtime.config import EngineConfig, ServerConfig
 from tests.conftest import ROOT, SAMPLES
 from tests.server_harness import ServerThread, wait_until
@@ -53,6 +56,42 @@ def test_stream_prints_the_transcript_and_json_events(server, welcome):
         "transcription.interim",
         "transcription.done",
     }
+
+
+def test_stream_writes_captions_the_format_libraries_read_back(server, tmp_path):
+    result = voxrt("stream", WELCOME, "--url", server.url, "--speed", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    transcript = json.loads(result.stdout)
+    words = transcript["words"]
+    assert " ".join(w["word"] for w in words) == transcript["text"]
+    cues = subtitles.cues(words)
+    assert " ".join(line for cue in cues for line in cue.lines) == transcript["text"]
+    said = iter(words)
+    for cue in cues:  # each cue spans its own words, at most two lines of about 42 characters
+        own = [next(said) for _ in " ".join(cue.lines).split()]
+        assert (cue.start, cue.end) == (own[0]["start"], own[-1]["end"])
+        assert len(cue.lines) <= 2 and all(len(line) <= 42 for line in cue.lines)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(cues)) and len(cues) >= 2
+
+    for fmt in ("srt", "vtt"):
+        out = tmp_path / f"welcome.{fmt}"
+        result = voxrt(
+            "stream", WELCOME, "--url", server.url, "--speed", "0", "--format", fmt, "-o", str(out)
+        )
+        assert result.returncode == 0, result.stderr
+        if fmt == "srt":
+            parsed = [
+                (c.start.total_seconds(), c.end.total_seconds(), c.content)
+                for c in srt.parse(out.read_text())
+            ]
+        else:
+            parsed = [(c.start_in_seconds, c.end_in_seconds, c.text) for c in webvtt.read(str(out))]
+        assert parsed and all(start <= end for start, end, _ in parsed)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(parsed))
+        assert word_error_rate(transcript["text"], " ".join(text for _, _, text in parsed)) <= 0.1
+        assert result.stdout.strip().splitlines()[-1] in " ".join(
+            text.replace("\n", " ") for *_, text in parsed
+        )
 
 
 def test_stream_exit_codes(server, tmp_path):

@@ -14,6 +14,7 @@ from websockets.sync.client import connect
 from benchmarks.text import word_error_rate
 from clients.audio import float32_to_pcm16
 from realtime.config import ServerConfig
+from realtime.protocols.openai_wire import LOGPROBS
 from tests.conftest import espeak
 from tests.server_harness import TINY_EN, ServerThread, events_until
 from voxtral.whisper.runner import WhisperRunner
@@ -159,6 +160,38 @@ def test_openai_sdk_manual_commits_without_turn_detection(server, turns):
     events = asyncio.run(run())
     assert not [e for e in events if e.type.startswith("input_audio_buffer.speech_")]
     check_items(events, SENTENCES[:2])
+
+
+def test_openai_sdk_logprobs_when_included_and_only_then(server, turns):
+    async def run() -> list:
+        async with client(server).realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            session = transcription_session(None)
+            await connection.session.update(session={**session, "include": [LOGPROBS]})
+            await send_audio(connection, turns[0], speed=10.0)
+            await connection.input_audio_buffer.commit()
+            await connection.session.update(session={**session, "include": []})
+            await send_audio(connection, turns[1], speed=10.0)
+            await connection.input_audio_buffer.commit()
+            return await events_until_completed(connection, 2)
+
+    events = asyncio.run(run())
+    check_items(events, SENTENCES[:2])
+    updates = [e for e in events if e.type == "session.updated"]
+    assert [u.session.include for u in updates] == [[LOGPROBS], []]
+    first, second = [e.item_id for e in events if e.type == "input_audio_buffer.committed"]
+    spoken = [
+        e for e in events if getattr(e, "item_id", None) == first and e.type.endswith(("delta", "completed"))
+    ]
+    for event in spoken:  # parsed by the SDK into its LogProbProperties
+        text = event.delta if event.type.endswith("delta") else event.transcript
+        assert "".join(p.token for p in event.logprobs).strip() == text.strip()
+        assert all(p.logprob <= 0 and bytes(p.bytes).decode() == p.token for p in event.logprobs)
+    completed = spoken[-1]
+    assert completed.logprobs == [p for e in spoken[:-1] for p in e.logprobs]
+    plain = [
+        e for e in events if getattr(e, "item_id", None) == second and e.type.endswith(("delta", "completed"))
+    ]
+    assert plain and all("logprobs" not in e.model_fields_set for e in plain)
 
 
 def test_openai_sdk_bad_events_get_openai_errors_and_the_session_goes_on(server, turns):

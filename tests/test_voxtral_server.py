@@ -39,6 +39,9 @@ def test_a_client_gets_generates_transcript_and_a_vanished_one_leaves_nothing(vo
 
         with connect(url, open_timeout=10) as ws:
             assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+            ws.send(json.dumps({"type": "session.update", "model": "voxtral", "word_timestamps": True}))
+            refused = events_until(ws, "error")[-1]  # its tokens are not timed words
+            assert refused["code"] == "unsupported_option", refused
             ws.send(json.dumps({"type": "session.update", "model": "voxtral"}))
             ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             for piece in pieces(audio, "random", seed=5):

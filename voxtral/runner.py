@@ -19,6 +19,25 @@ class Transcription:
     language: str | None = None  # an ISO 639-1 code; None: the model finds it
     task: str = "transcribe"  # or "translate": English text of any speech (multilingual models)
     prompt: str = ""  # text said before: names, terms, spelling (Whisper's previous-text prompt)
+    word_times: bool = False  # committed words also come as `TimedWord`s
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str  # its text (a piece of a character may be U+FFFD: `bytes` has it whole)
+    logprob: float
+    bytes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TimedWord:
+    """A committed word, where it was spoken and how sure the model was of it."""
+
+    text: str
+    start: float  # seconds on the utterance's audio
+    end: float
+    probability: float  # its tokens' mean probability
+    tokens: tuple[TokenLogprob, ...]  # the tokens it is written in
 
 
 @dataclass
@@ -27,6 +46,7 @@ class UtteranceOutput:
 
     token_ids: list[int] = field(default_factory=list)  # sampled ids, for its placeholders in order
     text: str = ""  # text a windowed policy committed (families that re-decode, not sample)
+    words: list[TimedWord] | None = None  # `text`'s words, timed, where the utterance asked for them
     interim: str | None = None  # a windowed policy's uncommitted tail, when it has a new one
     num_tokens: int = 0  # tokens decoded for it (usage)
     finished: bool = False  # its last output: the utterance is done
@@ -44,6 +64,8 @@ class StepResult:
         an utterance more than once in a step)."""
         if (earlier := self.outputs.get(request_id)) is not None:
             output.text = earlier.text + output.text
+            if earlier.words is not None:
+                output.words = earlier.words + (output.words or [])
             output.num_tokens += earlier.num_tokens
             output.language = output.language or earlier.language
         self.outputs[request_id] = output
@@ -70,6 +92,7 @@ class ModelRunner(Protocol):
     # Languages a session may ask for; None: the model hears it itself and ignores a request.
     languages: frozenset[str] | None
     translates: bool  # the "translate" task is served
+    word_times: bool  # committed words can come timed (`Transcription.word_times`)
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig: ...
 

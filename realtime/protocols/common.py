@@ -47,10 +47,16 @@ def load_event(message: str | bytes) -> dict:
 
 
 def transcription(
-    runner: ModelRunner, language: str | None, task: str | None, prompt: str | None = None
+    runner: ModelRunner,
+    language: str | None,
+    task: str | None,
+    prompt: str | None = None,
+    word_times: bool = False,
 ) -> Transcription:
-    """The language, task and prompt a session asked for, or the error naming what the served
-    model supports."""
+    """The language, task, prompt and word times a session asked for, or the error naming what
+    the served model supports."""
+    if word_times and not runner.word_times:
+        raise ProtocolError("unsupported_option", f"the served model ({runner.name}) gives no word times")
     if task not in (None, "transcribe", "translate"):
         raise ProtocolError("invalid_value", f"task {task[:50]!r}: choose 'transcribe' or 'translate'")
     if task == "translate" and not runner.translates:
@@ -58,10 +64,10 @@ def transcription(
             "unsupported_task", "the served model transcribes only; serve whisper-base to translate"
         )
     if language is None or runner.languages is None:
-        return Transcription(None, task or "transcribe", prompt or "")
+        return Transcription(None, task or "transcribe", prompt or "", word_times)
     if language.lower() not in runner.languages:
         supported = ", ".join(sorted(runner.languages))
         raise ProtocolError(
             "unsupported_language", f"language {language[:50]!r} is not served; supported: {supported}"
         )
-    return Transcription(language.lower(), task or "transcribe", prompt or "")
+    return Transcription(language.lower(), task or "transcribe", prompt or "", word_times)

@@ -24,11 +24,13 @@ from realtime.protocols.openai_wire import (
     dump,
     error,
     item,
+    logprobs,
     new_id,
     parse,
     session_object,
 )
 from voxtral.audio import SAMPLE_RATE
+from voxtral.runner import TimedWord
 from voxtral.vad import VadConfig
 
 if TYPE_CHECKING:
@@ -100,9 +102,9 @@ class OpenAISession:
                 )
             self.rate = update.rate
             self.resampler = self._resampler()
-        if update.language is not None:  # checked before any setting changes
-            transcription(self.connection.engine.runner, update.language, None)
-        for name in ("model", "language", "prompt"):
+        if update.language is not None or update.logprobs:  # checked before any setting changes
+            transcription(self.connection.engine.runner, update.language, None, None, bool(update.logprobs))
+        for name in ("model", "language", "prompt", "logprobs"):
             if (value := getattr(update, name)) is not None:
                 setattr(self.settings, name, value)
         if update.set_turn_detection:
@@ -117,7 +119,7 @@ class OpenAISession:
                 threshold=self.vad.threshold, silence_ms=self.vad.silence_duration_ms
             )
             runner, settings = self.connection.engine.runner, self.settings
-            asked = transcription(runner, settings.language, None, settings.prompt)
+            asked = transcription(runner, settings.language, None, settings.prompt, bool(settings.logprobs))
             self.utterance = self.connection.start_utterance(vad or None, asked)
             self.items[self.utterance] = new_id("item")
             self.item_start_ms[self.utterance] = self.session_samples * 1000 // SAMPLE_RATE
@@ -170,18 +172,30 @@ class OpenAISession:
         elif isinstance(event, LanguageDetected):
             self.languages[utterance] = event.language
         elif isinstance(event, Delta):
-            self._transcription("delta", item_id, delta=event.text)
+            self._transcription("delta", item_id, delta=event.text, **self._logprobs(event.words))
         elif isinstance(event, Done):
             language = self.languages.get(utterance)
             self._forget(utterance)
             usage = {"type": "duration", "seconds": round(event.audio_seconds, 3)}
             # `language` (voxrt's extension): what a multilingual model detected, when not set.
             detected = {"language": language} if language else {}
-            self._transcription("completed", item_id, transcript=event.text, usage=usage, **detected)
+            self._transcription(
+                "completed",
+                item_id,
+                transcript=event.text,
+                usage=usage,
+                **detected,
+                **self._logprobs(event.words),
+            )
             self.connection.send(dump("conversation.item.done", item=item(item_id, event.text)))
         elif isinstance(event, Failed):
             self._forget(utterance)
             self.connection.send(error(event.code, event.message, server=True))
+
+    @staticmethod
+    def _logprobs(words: list[TimedWord] | None) -> dict:
+        """`logprobs` for a session that included them; nothing for one that did not."""
+        return {} if words is None else {"logprobs": logprobs(words)}
 
     def _transcription(self, kind: str, item_id: str, **fields: object) -> None:
         name = f"conversation.item.input_audio_transcription.{kind}"

@@ -9,8 +9,10 @@ import uuid
 from dataclasses import dataclass
 
 from realtime.protocols.common import ProtocolError, load_event
+from voxtral.runner import TimedWord
 
 INPUT_RATES = (24000, 16000)  # OpenAI's PCM is 24 kHz; 16 kHz is voxrt's extension
+LOGPROBS = "item.input_audio_transcription.logprobs"  # the one `include` a transcription session has
 
 
 @dataclass
@@ -30,6 +32,7 @@ class TranscriptionSettings:
     prompt: str | None = None
     turn_detection: ServerVad | None = None
     set_turn_detection: bool = False  # the update names turn_detection (null turns it off)
+    logprobs: bool | None = None  # `include` names LOGPROBS: deltas and completed carry them
 
 
 @dataclass
@@ -100,8 +103,16 @@ def _transcription(settings: TranscriptionSettings, value: object, where: str) -
         setattr(settings, name, text)
 
 
+def _include(value: object) -> bool | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or any(name != LOGPROBS for name in value):
+        raise ProtocolError("invalid_value", f"session.include must be a list of {LOGPROBS!r} or empty")
+    return bool(value)
+
+
 def _settings(kind: str, session: dict) -> TranscriptionSettings:
-    settings = TranscriptionSettings()
+    settings = TranscriptionSettings(logprobs=_include(session.get("include")))
     if kind == "transcription_session.update":  # the beta form
         if (fmt := session.get("input_audio_format")) not in (None, "pcm16"):
             raise ProtocolError("invalid_value", f"input_audio_format {fmt!r} is not supported: use pcm16")
@@ -197,8 +208,17 @@ def session_object(
                 "noise_reduction": None,
             }
         },
-        "include": [],
+        "include": [LOGPROBS] if settings.logprobs else [],
     }
+
+
+def logprobs(words: list[TimedWord]) -> list[dict]:
+    """The words' tokens as the openai SDK's `LogProbProperties`."""
+    return [
+        {"token": t.token, "logprob": round(t.logprob, 5), "bytes": list(t.bytes)}
+        for word in words
+        for t in word.tokens
+    ]
 
 
 def item(item_id: str, transcript: str | None) -> dict:

@@ -11,7 +11,7 @@ from realtime.events import Delta, Done, EngineEvent, Failed, Interim, LanguageD
 from realtime.protocols.common import ProtocolError, decode_audio, load_event, transcription
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.openai_wire import is_openai_event
-from voxtral.runner import Transcription
+from voxtral.runner import TimedWord, Transcription
 
 if TYPE_CHECKING:
     from realtime.connection import Connection
@@ -24,6 +24,7 @@ class SessionUpdate:
     language: str | None  # voxrt's extension, for multilingual models; None: detected
     task: str | None  # voxrt's extension: "transcribe" or "translate"
     prompt: str | None  # text said before: names, terms, spelling
+    word_timestamps: bool | None  # voxrt's extension: deltas and done carry their words, timed
 
 
 @dataclass
@@ -64,6 +65,7 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
             _field(event, "language", str, False),
             _field(event, "task", str, False),
             _field(event, "prompt", str, False),
+            _field(event, "word_timestamps", bool, False),
         )
     raise ProtocolError("unknown_event", f"Unknown event type: {kind[:200]}")
 
@@ -72,8 +74,20 @@ def _dump(event: dict) -> str:
     return json.dumps(event, ensure_ascii=False)
 
 
-def transcription_delta(text: str) -> str:
-    return _dump({"type": "transcription.delta", "delta": text})
+def words_field(words: list[TimedWord] | None) -> dict:
+    """`words` for a client that asked for word timestamps; nothing for one that did not."""
+    if words is None:
+        return {}
+    return {
+        "words": [
+            {"word": w.text, "start": w.start, "end": w.end, "probability": round(w.probability, 4)}
+            for w in words
+        ]
+    }
+
+
+def transcription_delta(text: str, words: list[TimedWord] | None) -> str:
+    return _dump({"type": "transcription.delta", "delta": text, **words_field(words)})
 
 
 def transcription_interim(text: str) -> str:
@@ -86,14 +100,16 @@ def transcription_language(language: str) -> str:
     return _dump({"type": "transcription.language", "language": language})
 
 
-def transcription_done(text: str, audio_seconds: float, num_tokens: int) -> str:
+def transcription_done(
+    text: str, audio_seconds: float, num_tokens: int, words: list[TimedWord] | None
+) -> str:
     usage = {
         "prompt_tokens": 0,
         "completion_tokens": num_tokens,
         "total_tokens": num_tokens,
         "audio_seconds": round(audio_seconds, 3),
     }
-    return _dump({"type": "transcription.done", "text": text, "usage": usage})
+    return _dump({"type": "transcription.done", "text": text, "usage": usage, **words_field(words)})
 
 
 def error(code: str, message: str) -> str:
@@ -108,7 +124,8 @@ class VllmSession:
         self.connection = connection
         self.utterance: str | None = None  # the running utterance
         self.interim = False  # the client asked for `transcription.interim`
-        self.transcription = Transcription()  # language, task and prompt of the utterances to come
+        # language, task, prompt and word times of the utterances to come
+        self.transcription = Transcription()
 
     def opened(self) -> None:
         self.connection.send(
@@ -158,11 +175,14 @@ class VllmSession:
             self.connection.log.warning("session.model_substituted", requested=event.model[:200])
         if event.interim is not None:
             self.interim = event.interim
-        if event.language is not None or event.task is not None or event.prompt is not None:
+        asked = (event.language, event.task, event.prompt, event.word_timestamps)
+        if any(value is not None for value in asked):
             runner, before = self.connection.engine.runner, self.transcription
             language = event.language if event.language is not None else before.language
             prompt = event.prompt if event.prompt is not None else before.prompt
-            self.transcription = transcription(runner, language, event.task or before.task, prompt)
+            word_times = before.word_times if event.word_timestamps is None else event.word_timestamps
+            task = event.task or before.task
+            self.transcription = transcription(runner, language, task, prompt, word_times)
 
     def _running(self) -> str:
         if self.utterance is None:
@@ -174,12 +194,13 @@ class VllmSession:
             if self.interim:
                 self.connection.send(transcription_interim(event.text))
         elif isinstance(event, Delta):
-            self.connection.send(transcription_delta(event.text))
+            self.connection.send(transcription_delta(event.text, event.words))
         elif isinstance(event, LanguageDetected):
             self.connection.send(transcription_language(event.language))
         elif isinstance(event, Done | Failed):
             if isinstance(event, Done):
-                self.connection.send(transcription_done(event.text, event.audio_seconds, event.num_tokens))
+                done = transcription_done(event.text, event.audio_seconds, event.num_tokens, event.words)
+                self.connection.send(done)
             else:
                 self.connection.send(error(event.code, event.message))
             self.utterance = None

@@ -60,6 +60,7 @@ class VoxtralRunner:
     max_steps_in_flight = 2
     languages = None  # Voxtral Realtime transcribes what it hears; it takes no language prompt
     translates = False
+    word_times = False  # its tokens are text, not yet words with times
 
     def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, num_slots: int) -> None:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrt-device")

@@ -117,6 +117,8 @@ class WhisperPolicy:
 @dataclass
 class WindowCommit:
     text: str  # newly committed text, to append to the transcript
+    words: list[str] = field(default_factory=list)  # its words
+    first_word: int = 0  # where they start among the hypothesis's words
     end_seconds: float = 0.0  # where its last word ends (estimated), from the window start
     trim_seconds: float = 0.0  # how far the window start may move forward
     consumed_words: int = 0  # words of the hypothesis that the trim dropped from the window
@@ -228,9 +230,12 @@ class WindowCommitter:
         end_seconds = word_ends[len(words) - len(tail) + len(committed) - 1] if committed else 0.0
         joiner = " " if self.spaced else ""
         interim = joiner.join(self.pending)
+        first = len(words) - len(tail)
         if clear:
             self.window_words, self.pending, self.trimmed = [], [], []
-            return WindowCommit(joiner.join(committed), end_seconds, clear=True, interim=interim)
+            return WindowCommit(
+                joiner.join(committed), committed, first, end_seconds, clear=True, interim=interim
+            )
         trim, consumed = 0.0, 0
         for through, end in segment_ends:
             if end is not None and through <= len(self.window_words) and (force_trim or end <= trim_before):
@@ -239,7 +244,13 @@ class WindowCommitter:
         if trim > 0:
             self.trimmed, self.window_words = self.window_words[:consumed], self.window_words[consumed:]
         return WindowCommit(
-            joiner.join(committed), end_seconds, trim_seconds=trim, consumed_words=consumed, interim=interim
+            joiner.join(committed),
+            committed,
+            first,
+            end_seconds,
+            trim_seconds=trim,
+            consumed_words=consumed,
+            interim=interim,
         )
 
 

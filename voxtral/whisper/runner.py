@@ -6,6 +6,7 @@ committed whole (endpointing), so the next sentence starts a fresh window.
 """
 
 from concurrent.futures import Future
+from dataclasses import replace
 
 import numpy as np
 import structlog
@@ -13,12 +14,13 @@ import torch
 
 from scheduler import Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
-from voxtral.runner import StepResult, Transcription, UtteranceOutput, run_now
+from voxtral.runner import StepResult, TimedWord, Transcription, UtteranceOutput, run_now
 from voxtral.whisper.decoder import pad_states
 from voxtral.whisper.language import detect_languages
 from voxtral.whisper.model import Hypothesis, WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter, drop_repetition
 from voxtral.whisper.stream import POSITIONS_PER_SECOND, Speech, WhisperStream, Window
+from voxtral.whisper.timing import timed_words
 from voxtral.whisper.words import TokenWords, is_spaced
 
 log = structlog.get_logger(__name__)
@@ -31,6 +33,7 @@ class WhisperRunner:
     # Each step's commits move the window the next step reads: no step runs ahead.
     max_steps_in_flight = 1
     num_slots_in_use = 0
+    word_times = True
 
     def __init__(self, model: WhisperModel, policy: WhisperPolicy | None = None) -> None:
         """Runners may share a model; each engine needs its own runner (its store follows its cache)."""
@@ -68,7 +71,13 @@ class WhisperRunner:
         agree = self.policy.commit_policy == "local-agreement"
         committer = WindowCommitter(agree=agree, spaced=is_spaced(language))
         previous = self.model.previous_text(transcription.prompt)
-        return WhisperStream(committer, language=language, task=transcription.task, previous=previous)
+        return WhisperStream(
+            committer,
+            language=language,
+            task=transcription.task,
+            previous=previous,
+            word_times=transcription.word_times,
+        )
 
     def detokenize(self, state: WhisperStream, token_ids: list[int], final: bool) -> str:
         """Whisper commits text, not sampled ids: only ever called with none."""
@@ -208,7 +217,7 @@ class WhisperRunner:
         ]
         hyps = self.model.decode(states, budgets, forced, prompts, lengths)
         out: dict[int, Hypothesis | None] = {}
-        for window, hyp in zip(windows, hyps, strict=True):
+        for row, (window, hyp) in enumerate(zip(windows, hyps, strict=True)):
             silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
             # Timestamps past the window's audio are the model's guess into the silence padded
             # after it: a trim there skipped speech not yet transcribed (a whole sentence's start).
@@ -218,6 +227,22 @@ class WhisperRunner:
             seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
             hyp.segments = drop_repetition(segments, p.max_compression_ratio, seconds)
             out[id(window)] = None if silent or not hyp.segments else hyp
+            if window.state.word_times and out[id(window)] is not None:
+                words = self.words[window.state.committer.spaced]
+                window.timed = timed_words(
+                    self.model, words, hyp, states[row, : lengths[row]], window.raw, prompts[row]
+                )
+        return out
+
+    def _timed(self, window: Window, words: list[str], first: int) -> list[TimedWord]:
+        """The committed `words` (the hypothesis's from `first`) on the utterance's clock, in
+        order: a word aligned in an earlier window is not passed by one aligned in this one."""
+        state, out = window.state, []
+        for word, timed in zip(words, window.timed[first : first + len(words)], strict=False):
+            start = max(state.words_end, window.start_seconds + timed.start)
+            end = max(start, window.start_seconds + timed.end)
+            out.append(replace(timed, text=word, start=round(start, 3), end=round(end, 3)))
+            state.words_end = end
         return out
 
     def _encode(self, window: Window) -> torch.Tensor:
@@ -267,6 +292,8 @@ class WhisperRunner:
             joiner = self.words[state.committer.spaced].joiner
             output.text = joiner + commit.text if state.has_text else commit.text.lstrip()
             state.has_text = True
+            if state.word_times:
+                output.words = self._timed(window, commit.words, commit.first_word)
         if window.commit_all:
             state.heard_until = window.end
         if commit.clear:

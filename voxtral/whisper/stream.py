@@ -7,6 +7,7 @@ import torch
 
 from scheduler import AudioItem, Request
 from voxtral.audio import HOP, SAMPLE_RATE
+from voxtral.runner import TimedWord
 from voxtral.whisper.policy import WindowCommitter
 
 POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
@@ -40,6 +41,8 @@ class WhisperStream:
     language_guesses: list[torch.Tensor] = field(default_factory=list)
     task: str = "transcribe"
     previous: list[int] = field(default_factory=list)  # the client's prompt, as tokens before each window
+    word_times: bool = False  # the client asked for its committed words timed
+    words_end: float = 0.0  # where the last timed word committed ends (seconds): the next start after it
 
 
 @dataclass
@@ -53,6 +56,13 @@ class Window:
     items: list[AudioItem]  # the items the window reads, in order
     speech_seconds: float  # of its turn
     detected: bool = False  # its utterance's language was detected on this window
+    # Its hypothesis's words timed from the window's start, when its utterance asked for them.
+    timed: list[TimedWord] = field(default_factory=list)
+
+    @property
+    def start_seconds(self) -> float:
+        """Where the window starts on the utterance's audio."""
+        return (self.end - self.raw.shape[1]) / POSITIONS_PER_SECOND
 
     def arrived_at(self, seconds: float) -> float:
         """When the audio `seconds` into the window reached the server."""

@@ -7,6 +7,7 @@ come from a hypothesis's text and from its tokens (which of them were heard in t
 
 from tokenizers import Tokenizer
 
+from voxtral.runner import TokenLogprob
 from voxtral.whisper.model import SECONDS_PER_TIMESTAMP, Hypothesis
 
 # Whisper's languages written without spaces between words (its own word splitter's list).
@@ -32,6 +33,12 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _BYTE_OF = _byte_level_alphabet()
+
+
+def token_logprob(piece: str, logprob: float) -> TokenLogprob:
+    """A byte-level BPE token (`Tokenizer.id_to_token`) as text and bytes, with its log-probability."""
+    data = bytes(_BYTE_OF.get(c, 0) for c in piece)
+    return TokenLogprob(data.decode("utf-8", errors="replace"), logprob, tuple(data))
 
 
 class TokenWords:
@@ -61,6 +68,16 @@ class TokenWords:
             out.append(self._starts(token, after_timestamp))
             after_timestamp = False
         return out
+
+    def word_spans(self, text_tokens: list[int]) -> list[tuple[int, int]]:
+        """Per word, the first and last of the text tokens (no timestamps) it is written in; a
+        token holding several characters of an unspaced language is each one's."""
+        spans: list[list[int]] = []
+        for position, (count, at_edge) in enumerate(self.word_starts(text_tokens)):
+            if spans and (count == 0 or not at_edge):
+                spans[-1][1] = position  # the word before goes on in this token
+            spans += [[position, position] for _ in range(count)]
+        return [(first, last) for first, last in spans]
 
     def words_heard(self, hyp: Hypothesis, before_frame: int) -> int:
         """How many words of `hyp` (its forced ones included) were heard whole before `before_frame`.
