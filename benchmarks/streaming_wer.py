@@ -29,21 +29,28 @@ from realtime.engine import Engine
 from realtime.events import Done
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
+from voxtral.runner import Transcription
 from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.runner import WhisperRunner
 
 
-def streamed_text(runner: WhisperRunner, audio: np.ndarray, step_samples: int) -> str:
+def streamed(
+    runner: WhisperRunner,
+    audio: np.ndarray,
+    step_samples: int,
+    transcription: Transcription = Transcription(),
+) -> Done:
+    """`audio` through the engine with no clock, `step_samples` per step: what it finally said."""
     engine = Engine(runner)
     events: list = []
-    engine.add_utterance("u", events.append)
+    engine.add_utterance("u", events.append, transcription=transcription)
     for offset in range(0, len(audio), step_samples):
         engine.add_audio("u", audio[offset : offset + step_samples])
         engine.run_once()
     engine.finish_input("u")
     while not any(isinstance(e, Done) for e in events):
         engine.run_once()
-    return next(e.text for e in events if isinstance(e, Done))
+    return next(e for e in events if isinstance(e, Done))
 
 
 def clips(
@@ -72,13 +79,13 @@ def main() -> None:
     model, timing = tiny_en_models()
     runner = WhisperRunner(model)
     step = round(args.step * SAMPLE_RATE)
-    references, streamed, offline = {}, {}, {}
+    references, texts, offline = {}, {}, {}
     for name, (audio, reference) in clips(args.speech, timing, model, args.passages).items():
         for seconds in map(float, args.offsets.split(",")):
             shifted = np.concatenate([np.zeros(round(seconds * SAMPLE_RATE), np.float32), audio])
             key = f"{name}@{seconds}"
             references[key] = reference
-            streamed[key] = streamed_text(runner, shifted, step)
+            texts[key] = streamed(runner, shifted, step).text
             offline[key] = offline_texts(model, [shifted])[0]
 
     def mean(score: Callable[[str, str], float], texts: dict[str, str]) -> float:
@@ -89,13 +96,13 @@ def main() -> None:
             {
                 "speech": args.speech,
                 "step_s": args.step,
-                "streamed_wer": mean(whisper_wer, streamed),
+                "streamed_wer": mean(whisper_wer, texts),
                 "offline_wer": mean(whisper_wer, offline),
-                "streamed_verbatim_wer": mean(word_error_rate, streamed),
+                "streamed_verbatim_wer": mean(word_error_rate, texts),
                 "offline_verbatim_wer": mean(word_error_rate, offline),
                 "per_passage": {
-                    k: [round(whisper_wer(references[k], texts[k]), 3) for texts in (streamed, offline)]
-                    for k in streamed
+                    k: [round(whisper_wer(references[k], each[k]), 3) for each in (texts, offline)]
+                    for k in texts
                 },
             }
         )

@@ -31,10 +31,9 @@ import torch
 from benchmarks.alignment import word_times
 from benchmarks.real_speech import REFERENCES, pieces, recording
 from benchmarks.speech import SENTENCES, synthesize, tiny_en_models
+from benchmarks.streaming_wer import streamed
 from benchmarks.text import normalize_words
 from benchmarks.whisper_streaming import offline_texts
-from realtime.engine import Engine
-from realtime.events import Done
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import TimedWord, Transcription
@@ -46,17 +45,8 @@ GAP_SECONDS = (0.05, 0.5)  # silence between words, drawn per word
 
 
 def streamed_words(runner: WhisperRunner, audio: np.ndarray, step_seconds: float) -> list[TimedWord]:
-    engine = Engine(runner)
-    events: list = []
-    engine.add_utterance("u", events.append, transcription=Transcription(word_times=True))
-    step = round(step_seconds * SAMPLE_RATE)
-    for offset in range(0, len(audio), step):
-        engine.add_audio("u", audio[offset : offset + step])
-        engine.run_once()
-    engine.finish_input("u")
-    while not any(isinstance(e, Done) for e in events):
-        engine.run_once()
-    return next(e.words for e in events if isinstance(e, Done))
+    done = streamed(runner, audio, round(step_seconds * SAMPLE_RATE), Transcription(word_times=True))
+    return done.words or []
 
 
 def matches(reference: list[str], streamed: list[str]) -> list[tuple[int, int]]:

@@ -5,7 +5,7 @@ import pytest
 from transformers import WhisperFeatureExtractor, WhisperTokenizerFast
 
 from benchmarks.real_speech import recording
-from benchmarks.streaming_wer import streamed_text
+from benchmarks.streaming_wer import streamed
 from benchmarks.text import whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
 from realtime.engine import Engine
@@ -146,5 +146,5 @@ def test_real_recordings_streamed_are_as_right_as_offline(runner, name):
     or starting a turn's window without what was said before it, put 6 words of its 75 wrong."""
     audio = recording(name).audio
     offline = offline_texts(runner.model, [audio])[0]
-    streamed = streamed_text(runner, audio, round(0.7 * 16000))
-    assert whisper_wer(offline, streamed) <= 0.03, (offline, streamed)
+    text = streamed(runner, audio, round(0.7 * 16000)).text
+    assert whisper_wer(offline, text) <= 0.03, (offline, text)
