@@ -1,6 +1,7 @@
 """The page at `/` in a real browser: Debian's chromium, driven by Playwright, with a speech
 file as its microphone (Playwright's own browsers are never downloaded)."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -50,6 +51,19 @@ def test_page_transcribes_the_microphone(whisper_model, tmp_path):
             page.click("#start")  # stop: the final commit
             expect(page.locator("#status")).to_have_text("done", timeout=30_000)
             text = page.locator("#text").text_content()
+            # Each word a span with its time and confidence; a click plays it from its start.
+            words = page.locator("#text .word")
+            starts = [float(words.nth(i).get_attribute("data-start")) for i in range(words.count())]
+            assert len(starts) == len(text.split()) and starts == sorted(starts), (text, starts)
+            opacities = [float(words.nth(i).evaluate("e => e.style.opacity")) for i in range(words.count())]
+            unsure = [
+                words.nth(i).evaluate("e => e.classList.contains('unsure')") for i in range(words.count())
+            ]
+            assert all(0.45 <= o <= 1 for o in opacities) and unsure == [
+                o < 0.45 + 0.55 * 0.5 for o in opacities
+            ]
+            words.filter(has_text="borrow").first.click()
+            expect(page.locator("#status")).to_have_text(re.compile(r"playing from \d+\.\d\d s"))
             page.set_viewport_size({"width": 900, "height": 420})
             page.screenshot(path=str(tmp_path / "page.png"))
             browser.close()
