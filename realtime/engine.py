@@ -175,4 +175,6 @@ class Engine:
         self.capacity.record(time.monotonic(), result.model_seconds, decoded)
         if self.on_step is not None:
             self.on_step(result.model_seconds, len(out.scheduled))
+        updates = {rid: output.update for rid, output in result.outputs.items() if output.update is not None}
+        self.scheduler.update_from_output(updates)
         self.num_tokens += self.utterances.deliver_step(result.outputs)

@@ -8,6 +8,15 @@ PLACEHOLDER = -1
 
 
 @dataclass
+class RequestUpdate:
+    """What a family decided about an utterance's computed positions in a step, as data: the
+    scheduler applies it to the `Request` (its one writer) when the step completes."""
+
+    retain_from: int | None  # `Request.retain_from` from now on
+    waiting_from: int | None  # `Request.waiting_from` from now on
+
+
+@dataclass
 class Request:
     """Positions `[0, num_computed)` are done; audio covers `[0, num_available)`.
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from cache.encoder_cache import EncoderCacheManager
 from scheduler.items import AudioItem
-from scheduler.request import Request
+from scheduler.request import Request, RequestUpdate
 
 
 @dataclass
@@ -48,6 +48,12 @@ class SchedulerConfig:
     # False for encoders whose outputs depend on the utterance's history: no other input
     # can ever hit them, so they leave the cache with their last reference.
     keep_unreferenced_encoder_outputs: bool = True
+    # A family that samples one token a step once its prompt is in (`Request.num_prompt`
+    # positions): each such step appends a placeholder for it. None: it samples nothing.
+    prompt_positions: int | None = None
+    # A family that re-reads a window of past audio: what it computed stays referenced until
+    # its step output (`RequestUpdate.retain_from`) moves the window.
+    retains_window: bool = False
 
 
 class Scheduler:
@@ -77,7 +83,15 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request {request.request_id!r} already scheduled")
+        request.num_prompt = self.config.prompt_positions or 0
+        request.retain_from = 0 if self.config.retains_window else None
         self.requests[request.request_id] = request
+
+    def update_from_output(self, updates: dict[str, RequestUpdate]) -> None:
+        """A completed step's decisions, by request id (one that ended meanwhile is gone)."""
+        for request_id, update in updates.items():
+            if (request := self.requests.get(request_id)) is not None:
+                request.retain_from, request.waiting_from = update.retain_from, update.waiting_from
 
     def finish_request(self, request_id: str) -> None:
         """Remove the utterance and drop every encoder-cache reference it held."""
@@ -136,6 +150,8 @@ class Scheduler:
             encoder_left = max(0, encoder_left - sum(request.item(i).num_embeds for i in inputs))
             positions_left -= end - start
             request.num_computed = end
+            if self.config.prompt_positions is not None and end >= self.config.prompt_positions:
+                request.append_placeholders(1)  # the token this step samples
         # A request that had audio but got nothing goes first next step: that bounds
         # how long any request waits, however busy the others are.
         self._cursor = first_blocked if first_blocked is not None else self._cursor + 1

@@ -152,6 +152,7 @@ def test_cache_smaller_than_encoder_budget_rejected():
     budget=st.integers(1, 40),
 )
 def test_a_prompt_runs_in_chunks_that_never_cross_it_then_one_position_per_step(num_prompt, arrivals, budget):
+    """...and each step that reaches past the prompt samples a token: one placeholder."""
     scheduler = Scheduler(
         SchedulerConfig(
             max_positions_per_step=budget,
@@ -159,10 +160,13 @@ def test_a_prompt_runs_in_chunks_that_never_cross_it_then_one_position_per_step(
             encoder_cache_rows=80,
             max_positions_per_request=1,
             keep_unreferenced_encoder_outputs=False,
+            prompt_positions=num_prompt,
         )
     )
-    request = Request("s", num_prompt=num_prompt)
+    request = Request("s")
     scheduler.add_request(request)
+    assert request.num_prompt == num_prompt
+    sampling_steps = 0
     for i, n in enumerate(arrivals):
         for _ in range(n):
             request.add_item(
@@ -179,10 +183,12 @@ def test_a_prompt_runs_in_chunks_that_never_cross_it_then_one_position_per_step(
             else:
                 assert s.num_positions == 1
             assert s.final == (request.input_finished and s.end == request.num_available)
+            sampling_steps += s.end >= num_prompt
     # Then the rest runs out within a bound: the prompt in budget-sized chunks, one position after.
     for _ in range(-(-num_prompt // budget) + request.num_available):
-        scheduler.schedule()
+        sampling_steps += sum(s.end >= num_prompt for s in scheduler.schedule().scheduled)
     assert request.num_computed == request.num_available
+    assert request.num_placeholders == sampling_steps == max(0, request.num_available - num_prompt + 1)
     assert scheduler.encoder_cache.num_used_rows <= 40  # consumed rows leave at once
 
 

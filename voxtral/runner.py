@@ -9,7 +9,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from scheduler import Request, SchedulerConfig, SchedulerOutput
+from scheduler import Request, RequestUpdate, SchedulerConfig, SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class UtteranceOutput:
     finished: bool = False  # its last output: the utterance is done
     language: str | None = None  # the language the model detected, on the step it did
     audio_arrived_at: float = 0.0  # when the audio this output came from reached the server
+    # What the family decided about the utterance's window; None: nothing changes.
+    update: RequestUpdate | None = None
 
 
 @dataclass
@@ -68,6 +70,7 @@ class StepResult:
                 output.words = earlier.words + (output.words or [])
             output.num_tokens += earlier.num_tokens
             output.language = output.language or earlier.language
+            output.update = output.update or earlier.update
         self.outputs[request_id] = output
 
 

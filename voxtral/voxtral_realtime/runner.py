@@ -94,6 +94,7 @@ class VoxtralRunner:
             encoder_cache_rows=rows,
             max_positions_per_request=1,
             keep_unreferenced_encoder_outputs=False,
+            prompt_positions=self.model.num_prompt,
         )
 
     def trailing_silence_samples(self, num_samples: int) -> int:
@@ -105,7 +106,6 @@ class VoxtralRunner:
         return self.model.features(samples, left, right)
 
     def new_state(self, request: Request, transcription: Transcription) -> VoxtralStream:
-        request.num_prompt = self.model.num_prompt
         if not self._free_slots:
             raise NoFreeSlot(f"all {self.model.num_slots} KV slots are taken (--max-sessions)")
         slot = heapq.heappop(self._free_slots)
@@ -160,11 +160,6 @@ class VoxtralRunner:
         scheduled = sorted(out.scheduled, key=lambda s: slot(s.request.request_id))
         step_states = [states[s.request.request_id] for s in scheduled]
         decode_slots = [state.slot for state in step_states]
-        samples = []
-        for s in scheduled:
-            samples.append(s.end >= self.model.num_prompt)
-            if samples[-1]:
-                s.request.append_placeholders(1)
         return _Step(
             freed=out.freed_mm_hashes,
             new_slots=[slot for slot, s in zip(decode_slots, scheduled, strict=True) if s.start == 0],
@@ -181,7 +176,7 @@ class VoxtralRunner:
                 [s.request.item(i).mm_hash for i in range(s.item_lo, s.item_hi)] for s in scheduled
             ],
             states=step_states,
-            samples=samples,
+            samples=[s.end >= self.model.num_prompt for s in scheduled],  # the scheduler's placeholders
             final=[s.final for s in scheduled],
             arrived_at=[s.request.item(s.item_hi - 1).arrived_at for s in scheduled],
         )

@@ -12,7 +12,7 @@ import numpy as np
 import structlog
 import torch
 
-from scheduler import Request, SchedulerConfig, SchedulerOutput
+from scheduler import Request, RequestUpdate, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
 from voxtral.runner import StepResult, TimedWord, Transcription, UtteranceOutput, run_now
 from voxtral.whisper.decoder import pad_states
@@ -57,6 +57,7 @@ class WhisperRunner:
             max_positions_per_step=max_sessions * window,
             max_encoder_rows_per_step=max_sessions * window,
             encoder_cache_rows=max_sessions * window,
+            retains_window=True,
         )
 
     def trailing_silence_samples(self, num_samples: int) -> int:
@@ -66,7 +67,6 @@ class WhisperRunner:
         return raw_log_mel(samples, left, right, self.model.n_mels)
 
     def new_state(self, request: Request, transcription: Transcription) -> WhisperStream:
-        request.retain_from = 0
         language = transcription.language if self.model.multilingual else "en"
         agree = self.policy.commit_policy == "local-agreement"
         committer = WindowCommitter(agree=agree, spaced=is_spaced(language))
@@ -134,6 +134,8 @@ class WhisperRunner:
             s.request.request_id: (s.request, states[s.request.request_id], s.end, s.final)
             for s in out.scheduled
         }
+        # What this step decides about each request's window, handed back as its output.
+        updates = {rid: RequestUpdate(request.retain_from, None) for rid, (request, *_) in step.items()}
         # The longest due first (a turn that ended, None, takes no room: any place will do).
         due = sorted(step.values(), key=lambda d: self._due_from(d[1]) or 0)
         going_on = 0  # windows of turns going on planned this step
@@ -143,7 +145,8 @@ class WhisperRunner:
             windows = []
             for request, state, end, final in due:
                 room = going_on < self.policy.max_windows_per_step
-                if (window := self._plan(request, state, end, final, room)) is not None:
+                update = updates[request.request_id]
+                if (window := self._plan(request, state, end, final, room, update)) is not None:
                     windows.append(window)
                     going_on += not window.commit_all
                 elif final:
@@ -156,21 +159,23 @@ class WhisperRunner:
                 if output.text or output.finished or output.num_tokens:
                     result.add(window.request.request_id, output)
             due = [step[w.request.request_id] for w in windows if w.commit_all and w.state.turns]
+        for request_id, update in updates.items():
+            result.outputs.setdefault(request_id, UtteranceOutput()).update = update
         return result
 
     def _plan(
-        self, request: Request, state: WhisperStream, end: int, final: bool, room: bool
+        self, request: Request, state: WhisperStream, end: int, final: bool, room: bool, update: RequestUpdate
     ) -> Window | None:
         """The window to decode this step, if any: the oldest turn heard, once its end (and a
         short tail) has arrived, to commit whole; or, with `room` in the step, the turn going on,
-        heard long and newly enough."""
+        heard long and newly enough. What it decides about the request goes into `update`."""
         p = self.policy
-        request.waiting_from = None
+        update.waiting_from = None
         turn = state.turns[0] if state.turns else None
         if turn is None or end <= turn.start:
             # Silence: nothing to decode, and the window need not keep it.
             self._leave_silence(state, end)
-            request.retain_from = state.window_start
+            update.retain_from = state.window_start
             return None
         if turn.stop is not None or final:  # the turn ended, or the input did
             tail = round(p.endpoint_tail_seconds * POSITIONS_PER_SECOND)
@@ -184,7 +189,7 @@ class WhisperRunner:
         elif not room:
             # Planned again next step, whether audio came or not; behind real time from where
             # its decode fell due (`WhisperPolicy.max_windows_per_step`).
-            request.waiting_from = self._due_from(state)
+            update.waiting_from = self._due_from(state)
             return None
         if end <= state.window_start:
             return None
@@ -195,7 +200,7 @@ class WhisperRunner:
         ended = turn.stop is not None or final
         state.decoded_until = end
         heard = (end - turn.start) / POSITIONS_PER_SECOND
-        return Window(request, state, raw, end, final and not state.turns, ended, items, heard)
+        return Window(request, state, update, raw, end, final and not state.turns, ended, items, heard)
 
     def _decode(self, windows: list[Window]) -> dict[int, Hypothesis | None]:
         p = self.policy
@@ -251,14 +256,14 @@ class WhisperRunner:
         return self.model.encode(normalize_log_mel(window.raw[:, :n], n)[None])[0]
 
     def _commit(self, window: Window, hyp: Hypothesis | None) -> UtteranceOutput:
-        state, request, p = window.state, window.request, self.policy
+        state, p = window.state, self.policy
         length = window.end - state.window_start
         force = length > p.max_window_seconds * POSITIONS_PER_SECOND
         if hyp is None and not window.commit_all:
             # Nothing heard yet: the window grows, unless it is too long to be speech.
             if force:
                 state.window_start = window.end - round(p.lead_in_seconds * POSITIONS_PER_SECOND)
-                request.retain_from = state.window_start
+                window.update.retain_from = state.window_start
             return UtteranceOutput(finished=False, audio_arrived_at=window.items[-1].arrived_at)
         seconds = length / POSITIONS_PER_SECOND
         # The text stops well before the audio though the turn goes on: the decoder stalled at a
@@ -308,5 +313,5 @@ class WhisperRunner:
         state.window_start = min(state.window_start, window.end)
         if window.commit_all and state.turns:  # the silence before the next turn, heard already
             self._leave_silence(state, state.turns[0].start)
-        request.retain_from = state.window_start
+        window.update.retain_from = state.window_start
         return output

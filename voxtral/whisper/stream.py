@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from scheduler import AudioItem, Request
+from scheduler import AudioItem, Request, RequestUpdate
 from voxtral.audio import HOP, SAMPLE_RATE
 from voxtral.runner import TimedWord
 from voxtral.whisper.policy import WindowCommitter
@@ -49,6 +49,7 @@ class WhisperStream:
 class Window:
     request: Request
     state: WhisperStream
+    update: RequestUpdate  # what the step decides about the request, handed back in its output
     raw: torch.Tensor
     end: int
     final: bool
