@@ -35,13 +35,9 @@ from voxtral.whisper.runner import WhisperRunner
 
 
 def streamed(
-    runner: WhisperRunner,
-    audio: np.ndarray,
-    step_samples: int,
-    transcription: Transcription = Transcription(),
+    engine: Engine, audio: np.ndarray, step_samples: int, transcription: Transcription = Transcription()
 ) -> Done:
-    """`audio` through the engine with no clock, `step_samples` per step: what it finally said."""
-    engine = Engine(runner)
+    """`audio` through `engine` with no clock, `step_samples` per step: what it finally said."""
     events: list = []
     engine.add_utterance("u", events.append, transcription=transcription)
     for offset in range(0, len(audio), step_samples):
@@ -85,7 +81,7 @@ def main() -> None:
             shifted = np.concatenate([np.zeros(round(seconds * SAMPLE_RATE), np.float32), audio])
             key = f"{name}@{seconds}"
             references[key] = reference
-            texts[key] = streamed(runner, shifted, step).text
+            texts[key] = streamed(Engine(runner), shifted, step).text
             offline[key] = offline_texts(model, [shifted])[0]
 
     def mean(score: Callable[[str, str], float], texts: dict[str, str]) -> float:

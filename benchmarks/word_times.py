@@ -34,6 +34,7 @@ from benchmarks.speech import SENTENCES, synthesize, tiny_en_models
 from benchmarks.streaming_wer import streamed
 from benchmarks.text import normalize_words
 from benchmarks.whisper_streaming import offline_texts
+from realtime.engine import Engine
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import TimedWord, Transcription
@@ -45,7 +46,8 @@ GAP_SECONDS = (0.05, 0.5)  # silence between words, drawn per word
 
 
 def streamed_words(runner: WhisperRunner, audio: np.ndarray, step_seconds: float) -> list[TimedWord]:
-    done = streamed(runner, audio, round(step_seconds * SAMPLE_RATE), Transcription(word_times=True))
+    step = round(step_seconds * SAMPLE_RATE)
+    done = streamed(Engine(runner), audio, step, Transcription(word_times=True))
     return done.words or []
 
 

@@ -4,9 +4,9 @@ step output, and the scheduler applies it (`Scheduler.update_from_output`)."""
 import numpy as np
 import pytest
 
+from benchmarks.streaming_wer import streamed
 from realtime.config import EngineConfig
 from realtime.engine import Engine
-from realtime.events import Delta, Done
 from scheduler import Request
 from voxtral.loading import load_model
 from voxtral.whisper.runner import WhisperRunner
@@ -35,18 +35,6 @@ def guard_requests(engine: Engine, monkeypatch) -> list[str]:
     return writes
 
 
-def run(engine: Engine, samples: np.ndarray, chunk: int) -> list:
-    events: list = []
-    engine.add_utterance("u", events.append)
-    for offset in range(0, len(samples), chunk):
-        engine.add_audio("u", samples[offset : offset + chunk])
-        engine.run_once()
-    engine.finish_input("u")
-    while not any(isinstance(e, Done) for e in events):
-        engine.run_once()
-    return events
-
-
 def test_whisper_steers_its_window_through_its_output_only(whisper_model, welcome, monkeypatch):
     engine = Engine(WhisperRunner(whisper_model))
     writes = guard_requests(engine, monkeypatch)
@@ -60,9 +48,9 @@ def test_whisper_steers_its_window_through_its_output_only(whisper_model, welcom
     monkeypatch.setattr(engine.scheduler, "update_from_output", record)
     # After 4 s of silence the window leaves the first sentences behind.
     audio = np.concatenate([welcome[0], np.zeros(4 * 16000, np.float32), welcome[0][: 3 * 16000]])
-    events = run(engine, audio, 8000)
+    done = streamed(engine, audio, 8000)
     assert writes == []
-    assert "weather" in events[-1].text.lower() and len([e for e in events if isinstance(e, Delta)]) >= 3
+    assert "weather" in done.text.lower()
     assert moved == sorted(moved) and moved[-1] > 0  # the window moved on, through the scheduler
     assert engine.stats().encoder_cache_rows == 0
 
@@ -73,6 +61,6 @@ def test_voxtral_placeholders_come_from_the_scheduler(voxtral_dirs, welcome, mon
         load_model(str(voxtral_dirs[spec]), "cpu", max_sessions=1).runner, EngineConfig(max_sessions=1)
     )
     writes = guard_requests(engine, monkeypatch)
-    events = run(engine, welcome[0][: 16000 * 2], 3200)
+    done = streamed(engine, welcome[0][: 16000 * 2], 3200)
     assert writes == []
-    assert isinstance(events[-1], Done) and events[-1].num_tokens > 0
+    assert done.num_tokens > 0

@@ -146,5 +146,5 @@ def test_real_recordings_streamed_are_as_right_as_offline(runner, name):
     or starting a turn's window without what was said before it, put 6 words of its 75 wrong."""
     audio = recording(name).audio
     offline = offline_texts(runner.model, [audio])[0]
-    text = streamed(runner, audio, round(0.7 * 16000)).text
+    text = streamed(Engine(runner), audio, round(0.7 * 16000)).text
     assert whisper_wer(offline, text) <= 0.03, (offline, text)
