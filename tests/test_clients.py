@@ -120,10 +120,14 @@ def test_stream_exits_1_on_a_server_error(server, tmp_path):
 
 
 @pytest.mark.slow
-def test_mic_with_input_file_stops_cleanly_on_sigint(server, welcome):
+def test_mic_with_input_file_stops_cleanly_on_sigint(server, welcome, tmp_path):
     _, text = welcome
+    captions = tmp_path / "mic.vtt"
     process = subprocess.Popen(
-        [sys.executable, "-m", "realtime.cli", "mic", "--input-file", WELCOME, "--url", server.url],
+        [
+            *(sys.executable, "-m", "realtime.cli", "mic", "--input-file", WELCOME, "--url", server.url),
+            *("--save", str(captions)),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -143,6 +147,10 @@ def test_mic_with_input_file_stops_cleanly_on_sigint(server, welcome):
     heard_of = " ".join(text.split()[: len(final.split())])
     assert "morning" in final.lower() and word_error_rate(heard_of, final) <= 0.2, out
     assert "Traceback" not in err
+    # --save: the same words as captions, timed, that webvtt reads back.
+    cues = webvtt.read(str(captions))
+    assert " ".join(c.text.replace("\n", " ") for c in cues) == final
+    assert all(a.end_in_seconds <= b.start_in_seconds for a, b in itertools.pairwise(cues))
 
 
 def test_mic_without_portaudio_gives_a_hint(monkeypatch, capsys):
