@@ -70,7 +70,6 @@ class StepResult:
                 output.words = earlier.words + (output.words or [])
             output.num_tokens += earlier.num_tokens
             output.language = output.language or earlier.language
-            output.update = output.update or earlier.update
         self.outputs[request_id] = output
 
 

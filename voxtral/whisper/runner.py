@@ -232,18 +232,17 @@ class WhisperRunner:
             seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
             hyp.segments = drop_repetition(segments, p.max_compression_ratio, seconds)
             out[id(window)] = None if silent or not hyp.segments else hyp
-            if window.state.word_times and out[id(window)] is not None:
-                words = self.words[window.state.committer.spaced]
-                window.timed = timed_words(
-                    self.model, words, hyp, states[row, : lengths[row]], window.raw, prompts[row]
-                )
+            if window.state.word_times:  # kept to time the words, if this decode commits any
+                window.encoded, window.prompt = states[row, : lengths[row]], prompts[row]
         return out
 
-    def _timed(self, window: Window, words: list[str], first: int) -> list[TimedWord]:
-        """The committed `words` (the hypothesis's from `first`) on the utterance's clock, in
-        order: a word aligned in an earlier window is not passed by one aligned in this one."""
+    def _timed(self, window: Window, hyp: Hypothesis, words: list[str], first: int) -> list[TimedWord]:
+        """The committed `words` (`hyp`'s from `first`) on the utterance's clock, in order: a word
+        aligned in an earlier window is not passed by one aligned in this one."""
         state, out = window.state, []
-        for word, timed in zip(words, window.timed[first : first + len(words)], strict=False):
+        token_words = self.words[state.committer.spaced]
+        aligned = timed_words(self.model, token_words, hyp, window.encoded, window.raw, window.prompt)
+        for word, timed in zip(words, aligned[first : first + len(words)], strict=False):
             start = max(state.words_end, window.start_seconds + timed.start)
             end = max(start, window.start_seconds + timed.end)
             out.append(replace(timed, text=word, start=round(start, 3), end=round(end, 3)))
@@ -298,7 +297,7 @@ class WhisperRunner:
             output.text = joiner + commit.text if state.has_text else commit.text.lstrip()
             state.has_text = True
             if state.word_times:
-                output.words = self._timed(window, commit.words, commit.first_word)
+                output.words = self._timed(window, hyp, commit.words, commit.first_word)
         if window.commit_all:
             state.heard_until = window.end
         if commit.clear:

@@ -7,7 +7,6 @@ import torch
 
 from scheduler import AudioItem, Request, RequestUpdate
 from voxtral.audio import HOP, SAMPLE_RATE
-from voxtral.runner import TimedWord
 from voxtral.whisper.policy import WindowCommitter
 
 POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
@@ -57,8 +56,9 @@ class Window:
     items: list[AudioItem]  # the items the window reads, in order
     speech_seconds: float  # of its turn
     detected: bool = False  # its utterance's language was detected on this window
-    # Its hypothesis's words timed from the window's start, when its utterance asked for them.
-    timed: list[TimedWord] = field(default_factory=list)
+    # Its encoder states and decoder prompt, kept when its utterance asked for word times.
+    encoded: torch.Tensor | None = None
+    prompt: list[int] = field(default_factory=list)
 
     @property
     def start_seconds(self) -> float:
