@@ -1,14 +1,18 @@
-"""Admission by measured capacity, as a user meets it: 12 sessions of realistic speech
-connect at once to one server with the default model and settings.
+"""Admission as users meet it: N sessions of real speech, each its own, arriving 0.5 s apart
+at a fresh default `voxrt serve` (built here from its flags, clients in a process of
+their own); one refused retries after its `Retry-After` until admitted or
+`--retry-seconds` pass.
 
-Prints one JSON line: how many were admitted; per admitted session, committed-word
-latency (as `benchmarks/whisper_streaming.py` measures it) and when its final text came
-after its audio ended; how refused ones were answered (status, code, Retry-After); and
-the furthest any session fell behind real time, sampled every 0.5 s. Each session reads
-its own ~50 s passage (`benchmarks/speech.py`: long sentences, six voices of two
-engines, pauses, noise on every other one).
+Each session streams `--seconds` of the three real recordings (`benchmarks/real_speech.py`,
+with pauses between them) from its own offset, with a faint noise of its own: identical
+audio would share caches and flatter.
 
-    .venv/bin/python -m benchmarks.capacity [--sessions 12]
+Prints one JSON line: per model and number of arrivals, how many were admitted at the
+first try and in all, kept up (final text within 1 s of the audio's end), shed, never
+admitted; the latest final after its audio, the furthest any session fell behind real
+time (sampled every 0.5 s), and the capacity and projected session cost at the end.
+
+    .venv/bin/python -m benchmarks.capacity [--arrivals 1,4,8,12,16] [--models whisper-tiny.en,whisper-base]
 """
 
 import argparse
@@ -16,28 +20,39 @@ import asyncio
 import json
 
 import numpy as np
-import torch
 
 from benchmarks.client_process import ClientProcess, Refused
-from benchmarks.speech import Passage, passage
-from benchmarks.whisper_streaming import percentile, snapshots, word_latencies
+from benchmarks.real_speech import REFERENCES, recording
 from clients.connection import Utterance
-from realtime.config import EngineConfig, ServedModel, ServerConfig
-from realtime.engine import Engine
+from realtime.cli import build_server, serve_parser
 from realtime.logs import configure_logging
-from realtime.server import RealtimeServer
 from voxtral.audio import SAMPLE_RATE
-from voxtral.whisper.model import WhisperModel
-from voxtral.whisper.runner import WhisperRunner
-from voxtral.whisper.weights import default_whisper_dir
+
+ARRIVAL_SECONDS = 0.5
+KEPT_UP_SECONDS = 1.0  # a final text this soon after the audio's end kept up
+OFFSET_SECONDS = 6.8  # between sessions' starting points on the recordings
 
 
-async def run(model: WhisperModel, passages: list[Passage], clients: ClientProcess) -> dict:
-    engine = Engine(WhisperRunner(model), EngineConfig())
-    server = RealtimeServer(engine, ServerConfig(port=0), ServedModel(name="whisper-tiny.en"))
+def sessions_audio(count: int, seconds: float) -> list[np.ndarray]:
+    """`count` streams of `seconds`, each from its own offset on the recordings (looped,
+    with a 1 s pause after each) and with its own faint noise."""
+    pause = np.zeros(SAMPLE_RATE, np.float32)
+    loop = np.concatenate([part for name in REFERENCES for part in (recording(name).audio, pause)])
+    length = round(seconds * SAMPLE_RATE)
+    audios = []
+    for index in range(count):
+        start = round(index * OFFSET_SECONDS * SAMPLE_RATE) % len(loop)
+        audio = np.roll(loop, -start)[:length]
+        audios.append(audio + np.random.default_rng(index).normal(0, 0.002, len(audio)).astype(np.float32))
+    return audios
+
+
+async def arrivals(
+    model: str, audios: list[np.ndarray], retry_seconds: float, clients: ClientProcess
+) -> dict:
+    server = build_server(serve_parser().parse_args(["--host=127.0.0.1", "--port=0", f"--model={model}"]))
     await server.start()
     url = f"ws://127.0.0.1:{server.port}/v1/realtime"
-
     lags: list[float] = []
 
     async def sample_lag() -> None:
@@ -46,36 +61,49 @@ async def run(model: WhisperModel, passages: list[Passage], clients: ClientProce
             lags.append(server.admission.lag_seconds)
 
     sampler = asyncio.create_task(sample_lag())
-    results = await asyncio.to_thread(clients.stream_sessions, url, [p.audio for p in passages])
+    results = await asyncio.to_thread(
+        clients.stream_sessions, url, audios, arrival_seconds=ARRIVAL_SECONDS, retry_seconds=retry_seconds
+    )
     sampler.cancel()
+    stats = server.engine.stats()
     await server.drain_and_stop()
-    admitted = [(p, r) for p, r in zip(passages, results, strict=True) if isinstance(r, Utterance)]
-    committed = [x for p, r in admitted for x in word_latencies(p, snapshots(r.deltas, [])[0])]
-    refused = {(r.status, r.code, r.retry_after) for r in results if isinstance(r, Refused)}
+    paired = zip(results, audios, strict=True)
+    admitted = [(a, audio) for a, audio in paired if isinstance(a.result, Utterance)]
+    finals = [a.result.done_at - len(audio) / SAMPLE_RATE for a, audio in admitted if a.result.done]
+    shed = [a for a, _ in admitted if any(e.get("code") == "server_overloaded" for e in a.result.errors)]
+    refusals = {(r.status, r.code, r.retry_after) for a in results for r in a.refusals}
     return {
-        "sessions": len(passages),
+        "arrivals": len(audios),
+        "admitted_first_try": sum(1 for a, _ in admitted if not a.refusals),
         "admitted": len(admitted),
-        "refused": sorted(refused),
-        "committed_p50_s": percentile(committed, 50),
-        "committed_p95_s": percentile(committed, 95),
-        "final_after_audio_s": sorted(round(r.done_at - len(p.audio) / SAMPLE_RATE, 2) for p, r in admitted),
+        "kept_up": sum(1 for f in finals if f <= KEPT_UP_SECONDS),
+        "shed": len(shed),
+        "never_admitted": sum(1 for a in results if isinstance(a.result, Refused)),
+        "refused_with": sorted(refusals),
+        "final_after_audio_max_s": round(max(finals), 2) if finals else None,
         "max_lag_s": round(max(lags, default=0.0), 2),
-        "lag_last_half_max_s": round(max(lags[len(lags) // 2 :], default=0.0), 2),
-        "passage_seconds": round(float(np.mean([len(p.audio) / SAMPLE_RATE for p in passages])), 1),
+        "capacity_at_end": stats.capacity_sessions,
+        "session_step_s": round(stats.session_step_seconds, 3),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sessions", type=int, default=12)
+    parser.add_argument("--arrivals", default="1,4,8,12,16")
+    parser.add_argument("--models", default="whisper-tiny.en,whisper-base")
+    parser.add_argument("--seconds", type=float, default=20.0, help="of speech per session")
+    parser.add_argument("--retry-seconds", type=float, default=300.0)
     args = parser.parse_args()
     configure_logging("warning")  # stdout carries the one JSON line
-    torch.set_num_threads(2)
-    float32 = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32)
-    passages = [passage(float32, i) for i in range(args.sessions)]  # word ends from the float32 model
-    model = WhisperModel(default_whisper_dir(), torch.device("cpu"), torch.float32, int8=True)
+    counts = [int(n) for n in args.arrivals.split(",")]
+    audios = sessions_audio(max(counts), args.seconds)
+    out: dict = {"seconds_per_session": args.seconds, "arrival_seconds": ARRIVAL_SECONDS}
     with ClientProcess() as clients:
-        print(json.dumps(asyncio.run(run(model, passages, clients))))
+        for model in args.models.split(","):
+            out[model] = [
+                asyncio.run(arrivals(model, audios[:n], args.retry_seconds, clients)) for n in counts
+            ]
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

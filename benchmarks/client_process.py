@@ -28,23 +28,47 @@ class Refused:
     code: str
     retry_after: str | None
 
+    @classmethod
+    def of(cls, exc: InvalidStatus) -> "Refused":
+        body = json.loads(exc.response.body)
+        return cls(exc.response.status_code, body["code"], exc.response.headers.get("Retry-After"))
+
+
+@dataclass
+class Arrival:
+    """One client's session: its utterance, or the refusal that ended its tries."""
+
+    result: Utterance | Refused
+    refusals: list[Refused]  # the 503s it was answered before it was admitted (or gave up)
+
 
 def stream_sessions(
-    url: str, audios: list[np.ndarray], interim: bool = False, language: str | None = None
-) -> list[Utterance | Refused]:
-    """Each audio streamed in real time in 100 ms chunks over its own connection, all at once."""
+    url: str,
+    audios: list[np.ndarray],
+    interim: bool = False,
+    language: str | None = None,
+    arrival_seconds: float = 0.0,
+    retry_seconds: float = 0.0,
+) -> list[Arrival]:
+    """Each audio streamed in real time in 100 ms chunks over its own connection, the
+    connections opened `arrival_seconds` apart; a 503 is retried after its `Retry-After`
+    for up to `retry_seconds`."""
 
-    async def one(audio: np.ndarray) -> Utterance | Refused:
+    async def one(index: int, audio: np.ndarray) -> Arrival:
+        await asyncio.sleep(index * arrival_seconds)
+        refusals: list[Refused] = []
         try:
-            connection = await open_connection(url)
+            connection = await open_connection(
+                url, retry_seconds=retry_seconds, on_refused=lambda exc: refusals.append(Refused.of(exc))
+            )
         except InvalidStatus as exc:
-            body = json.loads(exc.response.body)
-            return Refused(exc.response.status_code, body["code"], exc.response.headers.get("Retry-After"))
+            return Arrival(Refused.of(exc), refusals)
         async with connection:
-            return await stream_utterance(connection, audio, 100, 1.0, interim=interim, language=language)
+            result = await stream_utterance(connection, audio, 100, 1.0, interim=interim, language=language)
+        return Arrival(result, refusals)
 
-    async def all_sessions() -> list[Utterance | Refused]:
-        return list(await asyncio.gather(*(one(audio) for audio in audios)))
+    async def all_sessions() -> list[Arrival]:
+        return list(await asyncio.gather(*(one(i, audio) for i, audio in enumerate(audios))))
 
     return asyncio.run(all_sessions())
 
@@ -57,9 +81,9 @@ class ClientProcess:
         command = [sys.executable, "-m", "benchmarks.client_process"]
         self.process = subprocess.Popen(command, cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
-    def stream_sessions(self, *args: object) -> list[Utterance | Refused]:
-        """`stream_sessions(*args)` in the client process; blocks until it returns."""
-        pickle.dump(args, self.process.stdin)
+    def stream_sessions(self, *args: object, **kwargs: object) -> list[Arrival]:
+        """`stream_sessions(*args, **kwargs)` in the client process; blocks until it returns."""
+        pickle.dump((args, kwargs), self.process.stdin)
         self.process.stdin.flush()
         return pickle.load(self.process.stdout)
 
@@ -74,10 +98,10 @@ class ClientProcess:
 def serve() -> None:
     while True:
         try:
-            args = pickle.load(sys.stdin.buffer)
+            args, kwargs = pickle.load(sys.stdin.buffer)
         except EOFError:
             return
-        pickle.dump(stream_sessions(*args), sys.stdout.buffer)
+        pickle.dump(stream_sessions(*args, **kwargs), sys.stdout.buffer)
         sys.stdout.buffer.flush()
 
 

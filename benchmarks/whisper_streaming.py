@@ -160,7 +160,8 @@ async def run_voxrt(
     wall = time.monotonic() - started
     await server.drain_and_stop()
     runs = []
-    for p, result in zip(passages, results, strict=True):
+    for p, arrival in zip(passages, results, strict=True):
+        result = arrival.result
         assert isinstance(result, Utterance), result  # every session is admitted
         committed, shown = snapshots(result.deltas, result.interims)
         runs.append(

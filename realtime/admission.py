@@ -69,7 +69,9 @@ class Admission:
                 (c for c in self.connections if c.utterances and c.closing is None),
                 key=lambda c: c.started_at,
             )
-            newest = running[min(stats.shed_to_sessions, len(running) - 1) :]
+            newest = running[max(1, stats.shed_to_sessions) :]
+            if not newest:  # the oldest always stays: shedding every session serves no one
+                continue
             log.warning("admission.shed", connections=len(newest), lag_seconds=round(self.lag_seconds, 3))
             self.last_shed_at = now
             self.metrics.sheds.inc(len(newest))

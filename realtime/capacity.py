@@ -1,4 +1,4 @@
-"""Measured capacity: what one session costs the model per step lately, how many sessions
+"""Measured capacity: what a speaking session costs the model per step, how many sessions
 that leaves room for, and whether a new one fits.
 
 A family steps each session at least once per `step_period_seconds` (Whisper re-decodes
@@ -6,6 +6,12 @@ a window each second at full load; Voxtral Realtime computes a position per 80 m
 batch of sessions keeps up while its step fits in that period. Whisper steps back to
 back when it has room (the model's busy share of wall time is high at one session), so
 the cost is read per step, not from the busy share, which is reported as a figure.
+
+The cost is projected from full windows only (`ModelRunner.full_window_seconds`): a
+Whisper session's first windows are short and cheap, and capacity read from them admitted
+sessions that fell behind once their windows grew, to be shed mid-sentence. Until a full
+window is measured the projection is a prior, or what shorter windows cost if that is more
+(a slower machine); after, the latest measurement holds through silence.
 """
 
 import math
@@ -29,9 +35,8 @@ class CapacityConfig:
     # behind, and only a step shorter than its period lets them catch up.
     shed_to_busy: float = 0.7
     window_seconds: float = 10.0  # what "lately" means
-    # Model seconds per session per step before any step was measured: tiny.en (int8
-    # decoder) on 2 CPU cores with continuous speech (no pause lets the VAD skip a step):
-    # 0.27-0.43 s measured on slow days. A faster box or model is measured within a step.
+    # Model seconds a speaking session adds per step until a full window is measured: about
+    # what tiny.en's (int8) costs on 2 CPU cores, rounded up.
     session_step_prior: float = 0.3
 
 
@@ -39,45 +44,63 @@ class CapacityConfig:
 class _Step:
     ended_at: float
     model_seconds: float
-    sessions: int  # the sessions the model worked for in it
+    sessions: int  # the sessions the model decoded for in it
+    full_windows: int  # of those decodes, the ones of a full window
+
+    @property
+    def full_window_seconds(self) -> float:
+        """The step's model seconds its full windows take, each a session's equal share."""
+        return self.model_seconds * self.full_windows / self.sessions if self.full_windows else 0.0
 
 
 class Capacity:
-    def __init__(self, config: CapacityConfig, step_period_seconds: float, now: float) -> None:
+    def __init__(
+        self, config: CapacityConfig, step_period_seconds: float, full_window_seconds: float, now: float
+    ):
         self.config = config
         self.step_period_seconds = step_period_seconds
+        self.full_window_seconds = full_window_seconds
         self.steps: deque[_Step] = deque()
         self.started_at = now
         # Sums over `steps`, kept as steps come and go: a fast family steps hundreds of times
         # within the window, and every step reads them.
         self.model_seconds = 0.0
-        self.worked_model_seconds = 0.0  # of the steps that worked for any session
-        self.worked_sessions = 0
+        self.decoded_model_seconds = 0.0  # of the steps that decoded for any session
+        self.decodes = 0
+        self.full_window_model_seconds = 0.0
+        self.full_windows = 0
+        self.measured_full = False
+        # Model seconds a speaking session adds per step: the full windows' mean over the
+        # window, or the latest such mean, or the prior. The whole step is charged to its
+        # sessions, fixed costs too.
+        self.session_step_seconds = config.session_step_prior
 
-    def record(self, now: float, model_seconds: float, sessions: int) -> None:
-        step = _Step(now, model_seconds, sessions)
+    def record(self, now: float, model_seconds: float, windows: list[float]) -> None:
+        """A step done: its model time, and the seconds of audio each of its decodes read."""
+        full = sum(1 for seconds in windows if seconds >= self.full_window_seconds)
+        step = _Step(now, model_seconds, len(windows), full)
         self.steps.append(step)
         self._count(step, 1)
         while self.steps[0].ended_at < now - self.config.window_seconds:
             self._count(self.steps.popleft(), -1)
+        if self.full_windows:
+            self.measured_full = True
+            self.session_step_seconds = self.full_window_model_seconds / self.full_windows
+        elif not self.measured_full and self.decodes:
+            mean = self.decoded_model_seconds / self.decodes
+            self.session_step_seconds = max(self.config.session_step_prior, mean)
 
     def _count(self, step: _Step, sign: int) -> None:
         self.model_seconds += sign * step.model_seconds
         if step.sessions:
-            self.worked_model_seconds += sign * step.model_seconds
-            self.worked_sessions += sign * step.sessions
+            self.decoded_model_seconds += sign * step.model_seconds
+            self.decodes += sign * step.sessions
+        self.full_window_model_seconds += sign * step.full_window_seconds
+        self.full_windows += sign * step.full_windows
 
     def busy_share(self, now: float) -> float:
         span = min(self.config.window_seconds, now - self.started_at)
         return self.model_seconds / span if span > 0 else 0.0
-
-    @property
-    def session_step_seconds(self) -> float:
-        """Model seconds per session per step, over the window's steps that decoded any. The
-        whole step is charged to its sessions, fixed costs too: an estimate erring low."""
-        if not self.worked_sessions:
-            return self.config.session_step_prior
-        return self.worked_model_seconds / self.worked_sessions
 
     def sessions(self, busy: float) -> int:
         """How many sessions fit, all speaking, with each step at most `busy` of the period."""

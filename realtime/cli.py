@@ -22,6 +22,13 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def serve_parser() -> argparse.ArgumentParser:
+    """`voxrt serve`'s flags alone: a benchmark builds the server an operator would run."""
+    parser = argparse.ArgumentParser(prog="voxrt serve")
+    _add_serve_arguments(parser)
+    return parser
+
+
 def build_server(args: argparse.Namespace):
     import torch
 

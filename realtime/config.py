@@ -89,6 +89,7 @@ class EngineStats:
     busy_share: float = 0.0  # of the model's wall time, over the capacity window
     capacity_sessions: int = 1  # sessions that fit, all speaking, under the target busy share
     shed_to_sessions: int = 1  # kept when sessions fall behind: room in each step to catch up
+    session_step_seconds: float = 0.0  # the model time a speaking session is projected to add per step
 
     @classmethod
     def take(cls, engine: "Engine", now: float) -> "EngineStats":
@@ -99,4 +100,5 @@ class EngineStats:
             engine.runner.num_slots_in_use, engine.vad.calls, engine.utterances.consumed_samples(),
             engine.capacity.busy_share(now), engine.capacity.sessions(engine.config.capacity.target_busy),
             engine.capacity.sessions(engine.config.capacity.shed_to_busy),
+            engine.capacity.session_step_seconds,
         )  # fmt: skip

@@ -39,8 +39,10 @@ class Engine:
         self.feature_cache = FeatureCache(self.config.feature_cache_bytes)
         self.utterances = Utterances(runner, self.scheduler, Ingest(runner, self.feature_cache), self.config)
         self.vad = Vad()
-        self.capacity = Capacity(self.config.capacity, runner.step_period_seconds, time.monotonic())
-        self.on_step: Callable[[float, int], None] | None = None  # (model seconds, utterances)
+        self.capacity = Capacity(
+            self.config.capacity, runner.step_period_seconds, runner.full_window_seconds, time.monotonic()
+        )
+        self.on_step: Callable[[float, int], None] | None = None  # (model seconds, utterances decoded)
         self.num_steps = self.num_tokens = 0
         self.model_seconds = 0.0  # summed over steps: with steps in flight, overlaps host work
         self._in_flight: deque[tuple[SchedulerOutput, Future[StepResult]]] = deque()
@@ -171,10 +173,10 @@ class Engine:
             raise
         self.num_steps += 1
         self.model_seconds += result.model_seconds
-        decoded = sum(1 for output in result.outputs.values() if output.num_tokens)
-        self.capacity.record(time.monotonic(), result.model_seconds, decoded)
+        windows = [output.window_seconds for output in result.outputs.values() if output.num_tokens]
+        self.capacity.record(time.monotonic(), result.model_seconds, windows)
         if self.on_step is not None:
-            self.on_step(result.model_seconds, len(out.scheduled))
+            self.on_step(result.model_seconds, len(windows))
         updates = {rid: output.update for rid, output in result.outputs.items() if output.update is not None}
         self.scheduler.update_from_output(updates)
         self.num_tokens += self.utterances.deliver_step(result.outputs)

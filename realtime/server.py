@@ -109,6 +109,7 @@ class RealtimeServer:
             "capacity": fit,
             "max_sessions": self.config.max_sessions,
             "busy_share": round(stats.busy_share, 3),
+            "session_step_seconds": round(stats.session_step_seconds, 3),
             "lag_seconds": round(self.admission.lag_seconds, 3),
             "utterances": stats.utterances,
         }

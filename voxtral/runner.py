@@ -49,6 +49,7 @@ class UtteranceOutput:
     words: list[TimedWord] | None = None  # `text`'s words, timed, where the utterance asked for them
     interim: str | None = None  # a windowed policy's uncommitted tail, when it has a new one
     num_tokens: int = 0  # tokens decoded for it (usage)
+    window_seconds: float = 0.0  # of audio its decode read (a windowed family's window): what it cost
     finished: bool = False  # its last output: the utterance is done
     language: str | None = None  # the language the model detected, on the step it did
     audio_arrived_at: float = 0.0  # when the audio this output came from reached the server
@@ -69,6 +70,7 @@ class StepResult:
             if earlier.words is not None:
                 output.words = earlier.words + (output.words or [])
             output.num_tokens += earlier.num_tokens
+            output.window_seconds = max(output.window_seconds, earlier.window_seconds)
             output.language = output.language or earlier.language
         self.outputs[request_id] = output
 
@@ -89,6 +91,9 @@ class ModelRunner(Protocol):
     # How often each session must be stepped for its text to keep up: a step of all
     # sessions must fit in it (what capacity is measured against).
     step_period_seconds: float
+    # A decode of a window at least this long costs what a session speaking on and on costs
+    # per step (Whisper: the window's length when it is trimmed); 0: every decode does.
+    full_window_seconds: float
     max_steps_in_flight: int  # 1: a step completes before the next one is scheduled
     num_slots_in_use: int  # utterances holding per-utterance device state (KV)
     # Languages a session may ask for; None: the model hears it itself and ignores a request.

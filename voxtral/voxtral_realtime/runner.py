@@ -58,6 +58,7 @@ class VoxtralRunner:
     name = "voxtral_realtime"
     history_dependent_items = True  # the encoder is causal and stateful
     max_steps_in_flight = 2
+    full_window_seconds = 0.0  # a position per step, each costing alike
     languages = None  # Voxtral Realtime transcribes what it hears; it takes no language prompt
     translates = False
     word_times = False  # its tokens are text, not yet words with times

@@ -43,6 +43,7 @@ class WhisperRunner:
         self.chunk_samples = int(self.policy.chunk_seconds * SAMPLE_RATE) // HOP * HOP
         self.samples_per_position = HOP
         self.step_period_seconds = self.policy.step_period_seconds
+        self.full_window_seconds = self.policy.trim_after_seconds
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> device copy of an item's log-mel
         self.languages = frozenset(model.language_ids) if model.multilingual else frozenset({"en"})
         self.translates = model.multilingual
@@ -156,6 +157,7 @@ class WhisperRunner:
                 hyp = hypotheses.get(id(window))
                 output = self._commit(window, hyp)
                 output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
+                output.window_seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
                 if output.text or output.finished or output.num_tokens:
                     result.add(window.request.request_id, output)
             due = [step[w.request.request_id] for w in windows if w.commit_all and w.state.turns]
