@@ -23,6 +23,7 @@ import numpy as np
 
 from benchmarks.client_process import ClientProcess, Refused
 from benchmarks.real_speech import REFERENCES, recording
+from clients.audio import distinct_audio
 from clients.connection import Utterance
 from realtime.cli import build_server, serve_parser
 from realtime.logs import configure_logging
@@ -42,8 +43,7 @@ def sessions_audio(count: int, seconds: float) -> list[np.ndarray]:
     audios = []
     for index in range(count):
         start = round(index * OFFSET_SECONDS * SAMPLE_RATE) % len(loop)
-        audio = np.roll(loop, -start)[:length]
-        audios.append(audio + np.random.default_rng(index).normal(0, 0.002, len(audio)).astype(np.float32))
+        audios.append(distinct_audio(np.roll(loop, -start)[:length], index))
     return audios
 
 

@@ -106,4 +106,8 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    # The results' classes pickled as this module's, not as `__main__`'s: the benchmark's own
+    # `__main__` is another module.
+    from benchmarks import client_process
+
+    client_process.serve()

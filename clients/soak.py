@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.protocol import State
 
-from clients.audio import load_audio_file
+from clients.audio import distinct_audio, load_audio_file
 from clients.connection import reopened, stream_utterance
 from clients.stream import DEFAULT_URL
 
@@ -117,6 +117,8 @@ async def worker(
             else:  # one long session: the files back to back until the deadline
                 reps = max(1, int((deadline - time.monotonic()) * args.speed / (len(audios[0]) / 16000)) + 1)
                 samples = np.concatenate([audios[(turn + k) % len(audios)] for k in range(reps)])
+            # Each session's audio, and each repeat of it, its own: caches are not flattered.
+            samples = distinct_audio(samples, (i, turn))
             turn += 1
             sent_at = time.monotonic()
             result = await stream_utterance(connection, samples, 100, args.speed)

@@ -69,7 +69,7 @@ class ServedModel:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineStats:
     """A snapshot the engine thread takes after every step: consistent, and free to read."""
 
@@ -93,12 +93,22 @@ class EngineStats:
 
     @classmethod
     def take(cls, engine: "Engine", now: float) -> "EngineStats":
-        cache, features = engine.scheduler.encoder_cache, engine.feature_cache
+        cache, features, capacity = engine.scheduler.encoder_cache, engine.feature_cache, engine.capacity
         return cls(
-            len(engine.utterances), cache.num_referenced_rows, cache.num_used_rows, cache.capacity_rows,
-            features.queries, features.hits, features.num_bytes, engine.num_steps, engine.num_tokens,
-            engine.runner.num_slots_in_use, engine.vad.calls, engine.utterances.consumed_samples(),
-            engine.capacity.busy_share(now), engine.capacity.sessions(engine.config.capacity.target_busy),
-            engine.capacity.sessions(engine.config.capacity.shed_to_busy),
-            engine.capacity.session_step_seconds,
-        )  # fmt: skip
+            utterances=len(engine.utterances),
+            encoder_cache_rows=cache.num_referenced_rows,
+            encoder_cache_resident_rows=cache.num_used_rows,
+            encoder_cache_capacity=cache.capacity_rows,
+            feature_cache_queries=features.queries,
+            feature_cache_hits=features.hits,
+            feature_cache_bytes=features.num_bytes,
+            steps=engine.num_steps,
+            tokens=engine.num_tokens,
+            kv_slots_used=engine.runner.num_slots_in_use,
+            vad_calls=engine.vad.calls,
+            consumed_samples=engine.utterances.consumed_samples(),
+            busy_share=capacity.busy_share(now),
+            capacity_sessions=capacity.sessions(engine.config.capacity.target_busy),
+            shed_to_sessions=capacity.sessions(engine.config.capacity.shed_to_busy),
+            session_step_seconds=capacity.session_step_seconds,
+        )

@@ -60,6 +60,7 @@ class RealtimeServer:
         self.draining = False
         self.server: Server | None = None
         self.watcher: asyncio.Task | None = None
+        self.trimmer: asyncio.Task | None = None
         self.port: int | None = None
 
     def _respond(self, connection: ServerConnection, status: HTTPStatus, body: str, ctype: str) -> Response:
@@ -200,6 +201,7 @@ class RealtimeServer:
         )
         self.port = self.server.sockets[0].getsockname()[1]
         self.watcher = asyncio.create_task(self.admission.watch())
+        self.trimmer = asyncio.create_task(heap.trim_forever())
         log.info(
             "server.listening",
             url=f"ws://{self.config.host}:{self.port}{REALTIME_PATH}",
@@ -210,8 +212,9 @@ class RealtimeServer:
     async def drain_and_stop(self) -> None:
         """Stop accepting, let running utterances finish up to `drain_seconds`, close with 1001."""
         self.draining = True
-        if self.watcher is not None:
-            self.watcher.cancel()  # what runs now is drained, never shed
+        for task in (self.watcher, self.trimmer):
+            if task is not None:
+                task.cancel()  # what runs now is drained, never shed; the heap is left as it is
         log.info("server.draining", connections=len(self.connections), seconds=self.config.drain_seconds)
         if self.server is not None:
             self.server.close(close_connections=False)

@@ -97,13 +97,6 @@ def append_event(samples: np.ndarray) -> str:
     )
 
 
-def distinct_audio(samples: np.ndarray, session: int) -> np.ndarray:
-    """`samples` with a faint noise of the session's own: every session's audio hashes and
-    encodes differently, as real users' does (identical audio shares caches and flatters)."""
-    noise = np.random.default_rng(session).normal(0, 0.002, len(samples)).astype(np.float32)
-    return samples + noise
-
-
 def stream(connection: ClientConnection, samples: np.ndarray, chunk: int = 3200, final: bool = True) -> None:
     connection.send(json.dumps({"type": "input_audio_buffer.commit"}))
     for offset in range(0, len(samples), chunk):
