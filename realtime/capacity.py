@@ -48,7 +48,7 @@ class _Step:
     full_windows: int  # of those decodes, the ones of a full window
 
     @property
-    def full_window_seconds(self) -> float:
+    def full_window_model_seconds(self) -> float:
         """The step's model seconds its full windows take, each a session's equal share."""
         return self.model_seconds * self.full_windows / self.sessions if self.full_windows else 0.0
 
@@ -95,7 +95,7 @@ class Capacity:
         if step.sessions:
             self.decoded_model_seconds += sign * step.model_seconds
             self.decodes += sign * step.sessions
-        self.full_window_model_seconds += sign * step.full_window_seconds
+        self.full_window_model_seconds += sign * step.full_window_model_seconds
         self.full_windows += sign * step.full_windows
 
     def busy_share(self, now: float) -> float:
