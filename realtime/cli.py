@@ -40,7 +40,9 @@ def build_server(args: argparse.Namespace):
     if load.threads:
         torch.set_num_threads(load.threads)
     loaded = load_model(load.model, load.device, load.dtype, args.max_sessions)
-    capacity = from_args(CapacityConfig, args)
+    # Until sessions' own full windows are measured, what the dummy one at load cost here.
+    measured = {"session_step_prior": loaded.full_window_cost} if loaded.full_window_cost else {}
+    capacity = from_args(CapacityConfig, args, **measured)
     engine = Engine(
         loaded.runner, from_args(EngineConfig, args, max_sessions=loaded.max_sessions, capacity=capacity)
     )

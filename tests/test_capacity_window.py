@@ -1,10 +1,14 @@
 """`Capacity` keeps running sums over its window of steps: they must read what summing the
 window's steps reads, and the projection must come from full windows only."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from realtime.capacity import Capacity, CapacityConfig
+from tests.conftest import ROOT
 
 FULL = 12.0  # seconds of a full window
 
@@ -55,3 +59,20 @@ def test_short_windows_costing_more_than_the_prior_raise_the_projection():
     capacity = Capacity(CapacityConfig(session_step_prior=0.3), 1.0, FULL, now=0.0)
     capacity.record(0.5, 0.9, [2.0, 3.0])
     assert capacity.session_step_seconds == pytest.approx(0.45) and capacity.sessions(0.8) == 1
+
+
+def test_serve_admits_by_a_full_window_timed_at_load_until_one_is_measured():
+    from realtime.cli import build_server, serve_parser
+
+    server = build_server(serve_parser().parse_args(["--port", "0"]))
+    prior = server.engine.config.capacity.session_step_prior
+    assert prior != CapacityConfig().session_step_prior and 0 < prior < 5
+    assert server.engine.capacity.session_step_seconds == prior
+
+
+def test_the_vad_leaves_torch_the_threads_it_was_given():
+    """Importing silero_vad sets torch's threads to 1 for the process: `voxrt serve` ran its
+    model on one core of two."""
+    code = "import torch; torch.set_num_threads(2); import realtime.engine; print(torch.get_num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "2"

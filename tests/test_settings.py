@@ -1,12 +1,11 @@
 """Every `voxrt serve` flag, its `VOXRT_*` variable and its config field are one definition."""
 
-import argparse
 import ipaddress
 
 import pytest
 
 from realtime.capacity import CapacityConfig
-from realtime.cli import _add_serve_arguments
+from realtime.cli import serve_parser
 from realtime.config import EngineConfig, ServedModel, ServerConfig
 from realtime.limits import ConnectionLimits
 from realtime.settings import ModelSettings, default_of, env_name, flag_name, from_args, settings_of
@@ -14,12 +13,6 @@ from realtime.settings import ModelSettings, default_of, env_name, flag_name, fr
 CLASSES = (ModelSettings, ServerConfig, ConnectionLimits, ServedModel, EngineConfig, CapacityConfig)
 # A value unlike each default, as an operator would write it in the environment.
 WRITTEN = {int: ("7", 7), float: ("2.5", 2.5), bool: ("true", True), str: ("x", "x")}
-
-
-def serve_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser()
-    _add_serve_arguments(parser)
-    return parser
 
 
 def test_every_flag_is_a_config_field_with_its_default():

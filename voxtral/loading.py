@@ -25,6 +25,8 @@ class LoadedModel:
     label: str  # what logs and /health call it
     names: set[str]  # what `session.update` may name it
     max_sessions: int  # what was asked for, or fewer when their KV rings would not fit
+    # Seconds a full window's decode took here at load (`ModelRunner.full_window_cost`).
+    full_window_cost: float | None = None
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -69,7 +71,9 @@ def load_model(
     small CPU two teams throttle each other (libgomp stops spinning when oversubscribed).
     """
     with ThreadPoolExecutor(1, thread_name_prefix="voxrt-load") as pool:
-        return pool.submit(_load_model, model, device, dtype, max_sessions).result()
+        loaded = pool.submit(_load_model, model, device, dtype, max_sessions).result()
+        loaded.full_window_cost = pool.submit(loaded.runner.full_window_cost).result()
+        return loaded
 
 
 def _load_model(model: str | None, device: str | None, dtype: str | None, max_sessions: int) -> LoadedModel:

@@ -103,6 +103,11 @@ class ModelRunner(Protocol):
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig: ...
 
+    def full_window_cost(self) -> float | None:
+        """Seconds a full window's decode takes on this machine, timed at load on a dummy one:
+        admission's prior until sessions' own are measured. None: the first step measures it."""
+        ...
+
     def trailing_silence_samples(self, num_samples: int) -> int:
         """Zeros appended when input finishes, given the samples so far."""
         ...

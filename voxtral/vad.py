@@ -11,9 +11,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from silero_vad import load_silero_vad
 
 from voxtral.audio import SAMPLE_RATE
+
+# Importing silero_vad sets torch's threads to 1 for the whole process: the model that
+# shares the process would run on one core. Whoever set them keeps them.
+_threads = torch.get_num_threads()
+from silero_vad import load_silero_vad  # noqa: E402
+
+torch.set_num_threads(_threads)
 
 FRAME = 512
 CONTEXT = 64

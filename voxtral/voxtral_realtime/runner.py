@@ -80,6 +80,10 @@ class VoxtralRunner:
         # the rings in place.
         self._free_slots = list(range(model.num_slots))
 
+    def full_window_cost(self) -> None:
+        """Every step of a speaking session is a full window: the first one measures it."""
+        return None
+
     @property
     def num_slots_in_use(self) -> int:
         return self.model.num_slots - len(self._free_slots)

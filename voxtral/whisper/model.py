@@ -275,6 +275,20 @@ class WhisperModel:
             for row, tokens in enumerate(generated)
         ]
 
+    @torch.inference_mode()
+    def profile(self, frames: int, read: int, generated: int) -> None:
+        """A dummy decode's work (vLLM's profile run): the encoder over `frames` mel frames of
+        silence, the decoder over `read` tokens in one pass, then `generated` one at a time."""
+        states = self.encode(torch.zeros(1, self.n_mels, frames))
+        cache = self.steps.start(states, None, read + generated)
+        ids = torch.full((1, read), self.eot, dtype=torch.long, device=self.device)
+        positions = torch.arange(read, device=self.device)[None]
+        padding = torch.zeros_like(ids, dtype=torch.bool)
+        for _ in range(generated):
+            hidden, _ = self.steps(cache, ids, positions, padding)
+            torch.log_softmax(self.model.proj_out(hidden[:, -1]).float(), dim=-1)
+            ids, positions, padding = ids[:, -1:], positions[:, -1:] + 1, padding[:, -1:]
+
     def segments(self, tokens: list[int]) -> list[Segment]:
         """Split timestamped tokens into segments; an unclosed last one has no end."""
         tb = self.timestamp_begin

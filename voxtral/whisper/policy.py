@@ -105,6 +105,11 @@ class WhisperPolicy:
     tail_pad_seconds: float = 3.0
     max_compression_ratio: float = 2.4
     tokens_per_second: float = 6.0
+    # A full window of read speech (the real recordings, 12 s) reads about this many tokens in
+    # one pass (prompt and committed words) and generates about this many: the dummy decode
+    # timed at load, admission's prior (`WhisperRunner.full_window_cost`).
+    full_window_read_tokens: int = 40
+    full_window_generated_tokens: int = 10
 
     def encoder_frames(self, window: int, per_second: int, most: int) -> int:
         """Mel frames the encoder reads for a window of `window`: the window and the tail's

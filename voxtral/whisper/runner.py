@@ -5,6 +5,7 @@ utterance is not decoded, and when speech stops its window is decoded once more 
 committed whole (endpointing), so the next sentence starts a fresh window.
 """
 
+import time
 from concurrent.futures import Future
 from dataclasses import replace
 
@@ -79,6 +80,18 @@ class WhisperRunner:
             previous=previous,
             word_times=transcription.word_times,
         )
+
+    def full_window_cost(self) -> float:
+        """Seconds a full window's decode takes on this machine, timed on a dummy one."""
+        p = self.policy
+        window = round(self.full_window_seconds * POSITIONS_PER_SECOND)
+        frames = p.encoder_frames(window, POSITIONS_PER_SECOND, self.model.max_frames)
+        timings = []
+        for _ in range(2):  # the first also sets the kernels up
+            started = time.perf_counter()
+            self.model.profile(frames, p.full_window_read_tokens, p.full_window_generated_tokens)
+            timings.append(time.perf_counter() - started)
+        return min(timings)
 
     def detokenize(self, state: WhisperStream, token_ids: list[int], final: bool) -> str:
         """Whisper commits text, not sampled ids: only ever called with none."""
