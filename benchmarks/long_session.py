@@ -9,10 +9,11 @@ between them for `1 - --speech-share` of the time. On vLLM's wire the hours are 
 utterance; on OpenAI's, the server VAD's sequence of items on one connection.
 
 Prints one JSON line: per hour of audio the server read, step time (p50, p95, mean: the
-steps that ran the model for the session), resident memory (median and most of a sample
-every 0.5 s), encoder-cache rows,
-feature-cache entries and tokens emitted, and whether it stayed flat (the last hour's p50
-step time within 10 % of the first's, RSS grown under 20 MB after the first hour).
+steps that ran the model for the session), resident memory (of a sample every 0.5 s: the
+hour's median, most, and its last tenth's median, where the hour left it), encoder-cache
+rows, feature-cache entries and tokens emitted, and whether it stayed flat (the last hour's
+mean step time within 10 % of the first's, RSS grown under 20 MB from the first hour's end
+to the last's).
 
     .venv/bin/python -m benchmarks.long_session --wire vllm --hours 8       # tiny.en, int8 as served
     .venv/bin/python -m benchmarks.long_session --wire openai --hours 8
@@ -210,6 +211,10 @@ async def measure(serve_flags: list[str], args: argparse.Namespace) -> dict:
     received = max(received, report["sent_seconds"])  # the last poll may come after the close
     sample()
     await server.drain_and_stop()
+
+    def tenth(last: Hour, first: Hour) -> float:
+        return last.ended_at - (last.ended_at - first.ended_at) / 10
+
     per_hour = []
     for index, (first, last) in enumerate(itertools.pairwise(hours)):
         ms = [1000 * s for at, s in steps if first.ended_at < at <= last.ended_at]
@@ -224,6 +229,10 @@ async def measure(serve_flags: list[str], args: argparse.Namespace) -> dict:
                     float(np.median([m for at, m in rss if first.ended_at < at <= last.ended_at]))
                 ),
                 "rss_mb_max": round(max(m for at, m in rss if first.ended_at < at <= last.ended_at)),
+                # Where the hour left memory: the median of its last tenth.
+                "rss_mb_end": round(
+                    float(np.median([m for at, m in rss if tenth(last, first) <= at <= last.ended_at]))
+                ),
                 "encoder_rows_referenced": last.encoder_rows_referenced,
                 "encoder_rows_resident": last.encoder_rows_resident,
                 "feature_cache_entries": last.feature_cache_entries,
@@ -237,7 +246,7 @@ async def measure(serve_flags: list[str], args: argparse.Namespace) -> dict:
         flat = {
             "last_vs_first_step_p50": round(last["step_ms_p50"] / first["step_ms_p50"], 3),
             "last_vs_first_step_mean": round(last["step_ms_mean"] / first["step_ms_mean"], 3),
-            "rss_growth_after_first_hour_mb": last["rss_mb"] - first["rss_mb"],
+            "rss_growth_after_first_hour_mb": last["rss_mb_end"] - first["rss_mb_end"],
         }
         # The mean: a step of a fast upload decodes one window or many (turns that ended), and
         # which hour's median falls on which kind moves it by a fifth.

@@ -269,9 +269,19 @@ def offline_texts(model: WhisperModel, audios: list[np.ndarray]) -> list[str]:
     return texts
 
 
+def policy_fields(given: list[str]) -> dict:
+    """`--set FIELD=VALUE`s as `WhisperPolicy` fields of their own types."""
+    defaults = WhisperPolicy()
+    fields = dict(item.split("=", 1) for item in given)
+    return {name: type(getattr(defaults, name))(value) for name, value in fields.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--policies", default="alignatt,local-agreement")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", help="a WhisperPolicy field, as measured"
+    )
     parser.add_argument("--sessions", default="1,2,4,6,8")
     parser.add_argument("--no-baseline", action="store_true")
     # Where a step ends each session's windows changes what the model hears: at 4 sessions
@@ -307,10 +317,11 @@ def main() -> None:
         "repeats": args.repeats,
         "passage_seconds": [round(len(p.audio) / SAMPLE_RATE, 1) for p in passages],
         "voices": [p.voice for p in passages],
+        "policy_set": policy_fields(args.set),
     }
     with ClientProcess() as clients:
         for name in args.policies.split(","):
-            policy = WhisperPolicy(commit_policy=name)
+            policy = WhisperPolicy(commit_policy=name, **policy_fields(args.set))
             out[name] = {}
             for n in counts:
                 repeats = [

@@ -19,15 +19,10 @@ def _readme_default(text: str) -> list:
 
 
 def test_the_limits_table_gives_the_cli_defaults():
-    import argparse
+    from realtime.cli import serve_parser
 
-    from realtime.cli import _add_serve_arguments
-
-    parser = argparse.ArgumentParser()
-    _add_serve_arguments(parser)
-    defaults = {
-        action.option_strings[0]: action.default for action in parser._actions if action.option_strings
-    }
+    actions = serve_parser()._actions
+    defaults = {action.option_strings[0]: action.default for action in actions if action.option_strings}
     readme = (ROOT / "README.md").read_text()
     table = readme[readme.index("| limit | default |") :].split("\n\n")[0].splitlines()[2:]
     checked = 0
