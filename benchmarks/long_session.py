@@ -38,7 +38,7 @@ from websockets.asyncio.client import connect
 from benchmarks.real_speech import REFERENCES, recording
 from benchmarks.voxtral_long import LONG_SPEC, rss_mb
 from benchmarks.whisper_streaming import percentile
-from clients.audio import float32_to_pcm16
+from clients.audio import distinct_audio, float32_to_pcm16
 from clients.connection import commit, open_connection, send_audio
 from realtime.cli import build_server, serve_parser
 from realtime.logs import configure_logging
@@ -58,8 +58,7 @@ def speech_with_pauses(seconds: float, speech_share: float) -> Iterator[np.ndarr
             speech = recordings[index] * rng.uniform(0.6, 1.0)
             pause_mean = len(speech) * (1 / speech_share - 1)
             pause = np.zeros(round(rng.uniform(0.5, 1.5) * pause_mean), np.float32)
-            audio = np.concatenate([speech, pause]).astype(np.float32)
-            audio += rng.normal(0, 0.002, len(audio)).astype(np.float32)
+            audio = distinct_audio(np.concatenate([speech, pause]).astype(np.float32), (loop, int(index)))
             for offset in range(0, min(len(audio), left), CHUNK):
                 yield audio[offset : min(offset + CHUNK, left)]
             left -= min(len(audio), left)

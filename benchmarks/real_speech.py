@@ -22,7 +22,7 @@ import numpy as np
 
 from benchmarks.alignment import word_ends
 from benchmarks.speech import Passage
-from clients.audio import SAMPLE_RATE, load_audio_file
+from clients.audio import SAMPLE_RATE, distinct_audio, load_audio_file
 from voxtral.whisper.model import WhisperModel
 
 TWO_CITIES = (
@@ -106,8 +106,7 @@ def real_passages(timing: WhisperModel, transcribe: Callable[[np.ndarray], str],
             text.append(texts[r.name])
             audio_parts += [pause, r.audio]
             offset += len(r.audio) / SAMPLE_RATE
-        audio = np.concatenate(audio_parts)
-        audio = audio + rng.normal(0, 0.002, len(audio)).astype(np.float32)
+        audio = distinct_audio(np.concatenate(audio_parts), index)
         name = "+".join(recordings[i].name for i in order)
         passages.append(Passage(audio, words, ends, " ".join(text), name))
     return passages
