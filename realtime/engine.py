@@ -173,10 +173,11 @@ class Engine:
             raise
         self.num_steps += 1
         self.model_seconds += result.model_seconds
-        windows = [output.window_seconds for output in result.outputs.values() if output.num_tokens]
+        outputs = [(rid, output) for rid, outs in result.outputs.items() for output in outs]
+        windows = [output.window_seconds for _, output in outputs if output.num_tokens]
         self.capacity.record(time.monotonic(), result.model_seconds, windows)
         if self.on_step is not None:
             self.on_step(result.model_seconds, len(windows))
-        updates = {rid: output.update for rid, output in result.outputs.items() if output.update is not None}
+        updates = {rid: output.update for rid, output in outputs if output.update is not None}
         self.scheduler.update_from_output(updates)
         self.num_tokens += self.utterances.deliver_step(result.outputs)

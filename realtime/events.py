@@ -33,6 +33,11 @@ class SpeechStopped:
 
 
 @dataclass
+class TurnEnded:
+    """The text of a turn the VAD ended is all out: the deltas after this are the next turn's."""
+
+
+@dataclass
 class Done:
     text: str
     audio_seconds: float  # what the client sent, without the family's padding
@@ -46,4 +51,4 @@ class Failed:
     message: str
 
 
-EngineEvent = Delta | Interim | LanguageDetected | SpeechStarted | SpeechStopped | Done | Failed
+EngineEvent = Delta | Interim | LanguageDetected | SpeechStarted | SpeechStopped | TurnEnded | Done | Failed

@@ -18,6 +18,7 @@ from realtime.events import (
     LanguageDetected,
     SpeechStarted,
     SpeechStopped,
+    TurnEnded,
 )
 from realtime.ingest import Ingest, IngestBuffer
 from scheduler import Request, Scheduler
@@ -133,13 +134,13 @@ class Utterances(dict[str, Utterance]):
                     SpeechStarted(turn.audio_ms) if turn.speaking else SpeechStopped(turn.audio_ms)
                 )
 
-    def deliver_step(self, outputs: dict[str, UtteranceOutput]) -> int:
+    def deliver_step(self, outputs: dict[str, list[UtteranceOutput]]) -> int:
         """A step's outputs in the order the utterances were added, not the runner's (a client's
         items finished in one step complete in the order it committed them); returns the tokens
         of those still here (an utterance that ended meanwhile has none)."""
         tokens = 0
         for utterance in list(self.values()):
-            if (output := outputs.get(utterance.id)) is not None:
+            for output in outputs.get(utterance.id, []):
                 tokens += output.num_tokens
                 self.deliver(utterance, output)
         return tokens
@@ -164,6 +165,8 @@ class Utterances(dict[str, Utterance]):
         if output.interim is not None and output.interim != utterance.interim and not output.finished:
             utterance.interim = output.interim
             utterance.emit(Interim(output.interim))
+        if output.turn_ended:
+            utterance.emit(TurnEnded())
         if output.finished:
             seconds = utterance.num_client_samples / SAMPLE_RATE
             text = "".join(utterance.text_parts)

@@ -11,7 +11,7 @@ import soxr
 from openai import AsyncOpenAI
 from websockets.sync.client import connect
 
-from benchmarks.text import word_error_rate
+from benchmarks.text import normalize_words, word_error_rate
 from clients.audio import float32_to_pcm16
 from realtime.config import ServerConfig
 from realtime.protocols.openai_wire import LOGPROBS
@@ -145,6 +145,27 @@ def test_openai_sdk_server_vad_gives_an_item_per_turn(server, turns):
     for i, (start, stop) in enumerate(zip(started, stopped, strict=True)):
         begin = ends[i - 1] if i else 0
         assert begin - 350 <= start.audio_start_ms < stop.audio_end_ms <= ends[i] - 900, (i, start, stop)
+
+
+def test_a_client_sending_faster_than_real_time_gets_items_cut_where_the_vad_cut(server, turns):
+    """A file uploaded at 50x real time: the VAD hears every turn end long before the model
+    decodes it, and each item still holds its own turn's words and none of the next one's."""
+
+    async def run() -> list:
+        async with client(server).realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            vad = {"type": "server_vad", "silence_duration_ms": 500}
+            await connection.session.update(session=transcription_session(vad))
+            await send_audio(connection, np.concatenate(turns), speed=50.0)
+            return await events_until_completed(connection, len(turns))
+
+    events = asyncio.run(run())
+    check_items(events, SENTENCES)
+    completed = [e for e in events if e.type == "conversation.item.input_audio_transcription.completed"]
+    words = [set(normalize_words(sentence)) for sentence in SENTENCES]
+    for i, item in enumerate(completed):
+        assert word_error_rate(SENTENCES[i], item.transcript) <= 0.2, (i, item.transcript)
+        others = set().union(*words[:i], *words[i + 1 :]) - words[i]
+        assert not others & set(normalize_words(item.transcript)), (i, item.transcript)
 
 
 @pytest.mark.slow

@@ -51,6 +51,8 @@ class UtteranceOutput:
     num_tokens: int = 0  # tokens decoded for it (usage)
     window_seconds: float = 0.0  # of audio its decode read (a windowed family's window): what it cost
     finished: bool = False  # its last output: the utterance is done
+    # Its text completes the turn the VAD ended: what comes after belongs to the next turn.
+    turn_ended: bool = False
     language: str | None = None  # the language the model detected, on the step it did
     audio_arrived_at: float = 0.0  # when the audio this output came from reached the server
     # What the family decided about the utterance's window; None: nothing changes.
@@ -59,20 +61,29 @@ class UtteranceOutput:
 
 @dataclass
 class StepResult:
-    outputs: dict[str, UtteranceOutput] = field(default_factory=dict)  # by request id
+    # By request id, in order: one output per turn the step ended, and one after them.
+    outputs: dict[str, list[UtteranceOutput]] = field(default_factory=dict)
     model_seconds: float = 0.0  # time the step spent in model code
 
     def add(self, request_id: str, output: UtteranceOutput) -> None:
         """An utterance's output, after what the step gave it before (a family that decodes
-        an utterance more than once in a step)."""
-        if (earlier := self.outputs.get(request_id)) is not None:
+        an utterance more than once in a step): joined to it, unless that ended a turn."""
+        outputs = self.outputs.setdefault(request_id, [])
+        if outputs and not outputs[-1].turn_ended:
+            earlier = outputs.pop()
             output.text = earlier.text + output.text
             if earlier.words is not None:
                 output.words = earlier.words + (output.words or [])
             output.num_tokens += earlier.num_tokens
             output.window_seconds = max(output.window_seconds, earlier.window_seconds)
             output.language = output.language or earlier.language
-        self.outputs[request_id] = output
+        outputs.append(output)
+
+    def last(self, request_id: str) -> UtteranceOutput:
+        """The utterance's latest output this step (a new, empty one if it has none)."""
+        if request_id not in self.outputs:
+            self.outputs[request_id] = [UtteranceOutput()]
+        return self.outputs[request_id][-1]
 
 
 class ModelRunner(Protocol):

@@ -1,18 +1,31 @@
 """OpenAI's Realtime transcription session over the engine: one conversation item per turn.
 
-With `server_vad` turn detection (OpenAI's default) the engine's VAD ends each turn: the
-turn's utterance gets its input finished there, the item is committed, and the next
-audio starts the next utterance. With `turn_detection: null` each client commit ends one.
-Text streams as `...input_audio_transcription.delta` of the item being spoken, and
-`.completed` carries the item's whole transcript once the engine is done with it.
+With `server_vad` turn detection (OpenAI's default) the session's audio goes to one engine
+utterance, whose VAD ends each turn: at `SpeechStopped` the item is committed and the next
+audio is the next item's, and at `TurnEnded` (the turn's text is all out) it is completed.
+Items are cut at the sample where the VAD cut them, and each turn is decoded after the one
+before it. With `turn_detection: null` each client commit ends an utterance and its item.
+Text streams as `...input_audio_transcription.delta` of the item it belongs to, and
+`.completed` carries the item's whole transcript: its deltas, joined.
 """
 
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import soxr
 
-from realtime.events import Delta, Done, EngineEvent, Failed, LanguageDetected, SpeechStarted, SpeechStopped
+from realtime.events import (
+    Delta,
+    Done,
+    EngineEvent,
+    Failed,
+    LanguageDetected,
+    SpeechStarted,
+    SpeechStopped,
+    TurnEnded,
+)
 from realtime.protocols.common import ProtocolError, decode_audio, transcription
 from realtime.protocols.openai_wire import (
     Append,
@@ -23,7 +36,7 @@ from realtime.protocols.openai_wire import (
     Update,
     dump,
     error,
-    item,
+    item_object,
     logprobs,
     new_id,
     parse,
@@ -37,6 +50,19 @@ if TYPE_CHECKING:
     from realtime.connection import Connection
 
 
+@dataclass
+class Item:
+    """A conversation item: a turn of an utterance's audio, and the text streamed for it."""
+
+    id: str
+    start_ms: int  # where its audio begins, on the session's clock
+    end_ms: int | None = None  # where it ends, once committed
+    committed: bool = False  # `input_audio_buffer.committed` went out
+    cleared: bool = False  # its audio was cleared: none of its text goes out
+    deltas: list[str] = field(default_factory=list)
+    words: list[TimedWord] | None = None  # the deltas' words, where the session asked for logprobs
+
+
 class OpenAISession:
     def __init__(self, connection: "Connection") -> None:
         self.connection = connection
@@ -45,11 +71,12 @@ class OpenAISession:
         self.vad: ServerVad | None = ServerVad()
         self.rate = 24000
         self.resampler: soxr.ResampleStream | None = self._resampler()
-        self.utterance: str | None = None  # the one receiving audio: the input buffer
+        self.utterance: str | None = None  # the one receiving audio; its last item is the input buffer
         self.buffered_samples = 0  # in the input buffer, at 16 kHz
         self.session_samples = 0  # all audio of the session, at 16 kHz: the clock of audio_*_ms
-        self.items: dict[str, str] = {}  # utterance -> its item's id, until done or failed
-        self.item_start_ms: dict[str, int] = {}
+        # Per utterance until done or failed: its items whose text is still coming, in order.
+        self.items: dict[str, deque[Item]] = {}
+        self.start_ms: dict[str, int] = {}  # per utterance, where its audio begins on the session's clock
         self.previous_item: str | None = None
         self.languages: dict[str, str] = {}  # utterance -> the language the model detected
 
@@ -79,8 +106,7 @@ class OpenAISession:
                 self._commit(event_id)
             elif isinstance(event, Clear):
                 if self.utterance is not None:
-                    self.connection.abort(self.utterance)
-                    self._forget(self.utterance)
+                    self._clear(self.utterance)
                 self.resampler = self._resampler()
                 self.connection.send(dump("input_audio_buffer.cleared"))
         except ProtocolError as exc:
@@ -121,9 +147,18 @@ class OpenAISession:
             runner, settings = self.connection.engine.runner, self.settings
             asked = transcription(runner, settings.language, None, settings.prompt, bool(settings.logprobs))
             self.utterance = self.connection.start_utterance(vad or None, asked)
-            self.items[self.utterance] = new_id("item")
-            self.item_start_ms[self.utterance] = self.session_samples * 1000 // SAMPLE_RATE
+            self.start_ms[self.utterance] = self._clock_ms()
+            self.items[self.utterance] = deque()
+            self._new_item(self._clock_ms())
         self._buffer(samples)
+
+    def _clock_ms(self) -> int:
+        return self.session_samples * 1000 // SAMPLE_RATE
+
+    def _new_item(self, start_ms: int) -> None:
+        """The input buffer's next item, receiving the audio from `start_ms` on."""
+        words = [] if self.settings.logprobs else None
+        self.items[self.utterance].append(Item(new_id("item"), start_ms, words=words))
 
     def _buffer(self, samples: np.ndarray) -> None:
         """16 kHz audio into the input buffer, on the session's clock."""
@@ -139,58 +174,89 @@ class OpenAISession:
         if self.resampler is not None:  # what it still holds belongs to this item
             self._buffer(self.resampler.resample_chunk(np.zeros(0, np.float32), last=True))
             self.resampler = self._resampler()
-        self._end_item()
+        self._end_item(self._clock_ms())
+        self._stop_receiving()
 
-    def _end_item(self) -> None:
-        utterance, item_id = self.utterance, self.items[self.utterance]
-        self.connection.finish(utterance)
+    def _end_item(self, end_ms: int) -> None:
+        """The input buffer's item is committed: its audio ends at `end_ms`."""
+        item = self.items[self.utterance][-1]
+        item.committed, item.end_ms = True, end_ms
         self.connection.send(
-            dump("input_audio_buffer.committed", item_id=item_id, previous_item_id=self.previous_item)
+            dump("input_audio_buffer.committed", item_id=item.id, previous_item_id=self.previous_item)
         )
-        self.connection.send(
-            dump("conversation.item.added", previous_item_id=self.previous_item, item=item(item_id, None))
-        )
-        self.previous_item = item_id
+        added = item_object(item.id, None)
+        self.connection.send(dump("conversation.item.added", previous_item_id=self.previous_item, item=added))
+        self.previous_item = item.id
+        self.buffered_samples = 0
+
+    def _stop_receiving(self) -> None:
+        """The utterance's input ends; the next audio starts a new one."""
+        self.connection.finish(self.utterance)
         self.utterance, self.buffered_samples = None, 0
 
+    def _clear(self, utterance: str) -> None:
+        """The input buffer's audio goes unheard: its utterance is aborted, or finished for the
+        items committed before it, whose text is still coming."""
+        items = self.items[utterance]
+        if len(items) == 1:
+            self.connection.abort(utterance)
+            self._forget(utterance)
+            self.utterance, self.buffered_samples = None, 0
+        else:
+            items[-1].cleared = True
+            self._stop_receiving()
+
     def on_event(self, utterance: str, event: EngineEvent) -> None:
-        item_id = self.items[utterance]
+        items = self.items[utterance]
         if isinstance(event, SpeechStarted | SpeechStopped):
             if self.vad is None or utterance != self.utterance:
                 return  # turn events are server VAD's, and only for the turn being spoken
-            at = self.item_start_ms[utterance] + event.audio_ms
+            item, at = items[-1], self.start_ms[utterance] + event.audio_ms
             if isinstance(event, SpeechStarted):
-                start = max(self.item_start_ms[utterance], at - self.vad.prefix_padding_ms)
+                start = max(item.start_ms, at - self.vad.prefix_padding_ms)
                 self.connection.send(
-                    dump("input_audio_buffer.speech_started", item_id=item_id, audio_start_ms=start)
+                    dump("input_audio_buffer.speech_started", item_id=item.id, audio_start_ms=start)
                 )
             else:
                 self.connection.send(
-                    dump("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=at)
+                    dump("input_audio_buffer.speech_stopped", item_id=item.id, audio_end_ms=at)
                 )
-                self._end_item()
+                self._end_item(at)
+                self._new_item(at)
         elif isinstance(event, LanguageDetected):
             self.languages[utterance] = event.language
         elif isinstance(event, Delta):
-            self._transcription("delta", item_id, delta=event.text, **self._logprobs(event.words))
+            item = items[0]
+            item.deltas.append(event.text)
+            if item.words is not None:
+                item.words += event.words or []
+            if not item.cleared:
+                self._transcription("delta", item.id, delta=event.text, **self._logprobs(event.words))
+        elif isinstance(event, TurnEnded):
+            if len(items) > 1:  # the turn's item was committed at its end; the last is still open
+                self._complete(utterance, items.popleft())
         elif isinstance(event, Done):
-            language = self.languages.get(utterance)
+            for item in items:
+                if item.committed or item.deltas:
+                    self._complete(utterance, item)
             self._forget(utterance)
-            usage = {"type": "duration", "seconds": round(event.audio_seconds, 3)}
-            # `language` (voxrt's extension): what a multilingual model detected, when not set.
-            detected = {"language": language} if language else {}
-            self._transcription(
-                "completed",
-                item_id,
-                transcript=event.text,
-                usage=usage,
-                **detected,
-                **self._logprobs(event.words),
-            )
-            self.connection.send(dump("conversation.item.done", item=item(item_id, event.text)))
         elif isinstance(event, Failed):
             self._forget(utterance)
             self.connection.send(error(event.code, event.message, server=True))
+
+    def _complete(self, utterance: str, item: Item) -> None:
+        if item.cleared:
+            return
+        end_ms = self._clock_ms() if item.end_ms is None else item.end_ms
+        usage = {"type": "duration", "seconds": round((end_ms - item.start_ms) / 1000, 3)}
+        transcript = "".join(item.deltas)
+        # `language` (voxrt's extension): what a multilingual model detected, when not set.
+        language = self.languages.get(utterance)
+        detected = {"language": language} if language else {}
+        self._transcription(
+            "completed", item.id, transcript=transcript, usage=usage, **detected, **self._logprobs(item.words)
+        )
+        self.connection.send(dump("conversation.item.done", item=item_object(item.id, transcript)))
 
     @staticmethod
     def _logprobs(words: list[TimedWord] | None) -> dict:
@@ -202,7 +268,7 @@ class OpenAISession:
         self.connection.send(dump(name, item_id=item_id, content_index=0, **fields))
 
     def _forget(self, utterance: str) -> None:
-        del self.items[utterance], self.item_start_ms[utterance]
+        del self.items[utterance], self.start_ms[utterance]
         self.languages.pop(utterance, None)
         if utterance == self.utterance:  # failed while receiving audio
             self.utterance, self.buffered_samples = None, 0

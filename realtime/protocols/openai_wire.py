@@ -221,7 +221,7 @@ def logprobs(words: list[TimedWord]) -> list[dict]:
     ]
 
 
-def item(item_id: str, transcript: str | None) -> dict:
+def item_object(item_id: str, transcript: str | None) -> dict:
     return {
         "id": item_id,
         "object": "realtime.item",

@@ -63,6 +63,8 @@ class VoxtralModel:
         self.left_pad_samples = self.audio_config.n_left_pad_tokens * self.samples_per_position
         self.tekken = mistral.instruct_tokenizer.tokenizer
         self.eos_id = self.tekken.eos_id
+        # A word's text comes this many positions after its audio (Voxtral Realtime's delay).
+        self.num_delay_tokens = self.processor.num_delay_tokens
 
         audio, text = config.audio_config, config.text_config
         # A step runs at most a whole prompt: that bounds the new keys a ring takes at once.
@@ -79,7 +81,7 @@ class VoxtralModel:
         self._prompt = torch.tensor(self.prompt_ids, device=device)
         self.last_token = torch.zeros(num_slots, dtype=torch.long, device=device)
         with torch.no_grad():
-            delay = torch.full((1,), self.processor.num_delay_tokens, device=device, dtype=dtype)
+            delay = torch.full((1,), self.num_delay_tokens, device=device, dtype=dtype)
             t_cond = model.model.time_embedding(delay)[None]
             self._ada_scales = [1 + layer.ada_rms_norm(t_cond) for layer in self.language_model.layers]
 

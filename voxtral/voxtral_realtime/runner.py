@@ -9,8 +9,9 @@ fills the placeholders with them and detokenizes from the resolved ids.
 
 import heapq
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +29,15 @@ from voxtral.voxtral_realtime.sliding_kv import Rows
 
 @dataclass
 class VoxtralStream:
-    """One utterance's Voxtral state. `slot` is fixed at creation; `detokenizer` belongs to the
-    engine thread; `done` to the device worker (its last output went out, or it was released)."""
+    """One utterance's Voxtral state. `slot` is fixed at creation; `detokenizer` and
+    `turn_stops` belong to the engine thread; `done` to the device worker (its last output
+    went out, or it was released)."""
 
     request_id: str
     slot: int
     detokenizer: Detokenizer
     done: bool = False
+    turn_stops: deque[int] = field(default_factory=deque)  # positions where the VAD ended turns, oldest first
 
 
 @dataclass
@@ -51,6 +54,7 @@ class _Step:
     states: list[VoxtralStream]
     samples: list[bool]  # the row's last position samples a token
     final: list[bool]
+    ends_turn: list[bool]  # the row's token is the last of a turn the VAD ended
     arrived_at: list[float]  # arrival of the audio of each row's last position
 
 
@@ -121,7 +125,17 @@ class VoxtralRunner:
         return text + state.detokenizer.flush() if final else text
 
     def turn(self, state: VoxtralStream, speaking: bool, position: int) -> None:
-        """Voxtral needs no endpointing: each position's token is final when it is sampled."""
+        """Voxtral needs no endpointing (each position's token is final when it is sampled);
+        a turn's text ends with the token sampled `num_delay_tokens` after its audio does."""
+        if not speaking:
+            state.turn_stops.append(position)
+
+    def _ends_turn(self, state: VoxtralStream, sampled: int) -> bool:
+        """Whether the token sampled at position `sampled` is its turn's last."""
+        if not state.turn_stops or sampled < state.turn_stops[0] + self.model.num_delay_tokens - 1:
+            return False
+        state.turn_stops.popleft()
+        return True
 
     def release(self, state: VoxtralStream) -> None:
         """The slot is free for the next utterance at once: the worker runs in submission
@@ -183,6 +197,10 @@ class VoxtralRunner:
             states=step_states,
             samples=[s.end >= self.model.num_prompt for s in scheduled],  # the scheduler's placeholders
             final=[s.final for s in scheduled],
+            ends_turn=[
+                s.end >= self.model.num_prompt and self._ends_turn(state, s.end - 1)
+                for s, state in zip(scheduled, step_states, strict=True)
+            ],
             arrived_at=[s.request.item(s.item_hi - 1).arrived_at for s in scheduled],
         )
 
@@ -217,8 +235,10 @@ class VoxtralRunner:
         )
         tokens = self.model.decode(step.decode_rows, audio).tolist()
         result = StepResult()
-        rows = zip(step.states, tokens, step.samples, step.final, step.arrived_at, strict=True)
-        for state, token, samples, final, arrived_at in rows:
+        rows = zip(
+            step.states, tokens, step.samples, step.final, step.ends_turn, step.arrived_at, strict=True
+        )
+        for state, token, samples, final, ends_turn, arrived_at in rows:
             if state.done:  # ended while this step was queued: nothing of it goes out
                 continue
             output = UtteranceOutput(audio_arrived_at=arrived_at)
@@ -226,6 +246,7 @@ class VoxtralRunner:
                 output.token_ids, output.num_tokens = [token], 1
             # An end-of-stream token ends the utterance where `generate` stops.
             state.done = output.finished = final or (samples and token == self.model.eos_id)
-            result.outputs[state.request_id] = output
+            output.turn_ended = ends_turn and not output.finished
+            result.add(state.request_id, output)
         result.model_seconds = time.perf_counter() - started
         return result

@@ -160,22 +160,25 @@ class WhisperRunner:
             for request, state, end, final in due:
                 room = going_on < self.policy.max_windows_per_step
                 update = updates[request.request_id]
+                turns = len(state.turns)
                 if (window := self._plan(request, state, end, final, room, update)) is not None:
                     windows.append(window)
                     going_on += not window.commit_all
                 elif final:
                     result.add(request.request_id, UtteranceOutput(finished=True))
+                elif len(state.turns) < turns:  # a turn ended with nothing left to decode
+                    result.add(request.request_id, UtteranceOutput(turn_ended=True))
             hypotheses = self._decode(windows)
             for window in windows:
                 hyp = hypotheses.get(id(window))
                 output = self._commit(window, hyp)
                 output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
                 output.window_seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
-                if output.text or output.finished or output.num_tokens:
+                if output.text or output.finished or output.num_tokens or output.turn_ended:
                     result.add(window.request.request_id, output)
             due = [step[w.request.request_id] for w in windows if w.commit_all and w.state.turns]
         for request_id, update in updates.items():
-            result.outputs.setdefault(request_id, UtteranceOutput()).update = update
+            result.last(request_id).update = update
         return result
 
     def _plan(
@@ -302,6 +305,7 @@ class WhisperRunner:
         # Latency counts from the arrival of the committed words' end, as the policy estimates it.
         output = UtteranceOutput(
             finished=window.final,
+            turn_ended=window.commit_all and not window.final,
             audio_arrived_at=window.arrived_at(commit.end_seconds),
             interim=commit.interim,
             language=state.language if window.detected else None,
