@@ -51,10 +51,16 @@ def run_engine(path: Path, audio: np.ndarray, sessions: int, device: str, in_fli
     loaded.runner.max_steps_in_flight = in_flight
     engine = Engine(loaded.runner, EngineConfig(max_sessions=sessions))
     events: dict[str, list] = {f"s{i}": [] for i in range(sessions)}
+
+    def route(batch: list) -> None:
+        for utterance_id, event in batch:
+            events[utterance_id].append(event)
+
+    engine.on_events = route
     # Timed from the first audio handed over, as the baseline is: features, prompt and all.
     started = time.perf_counter()
-    for utterance_id, sink in events.items():
-        engine.add_utterance(utterance_id, sink.append)
+    for utterance_id in events:
+        engine.add_utterance(utterance_id)
         engine.add_audio(utterance_id, audio)
         engine.finish_input(utterance_id)
     engine.run_once()  # applies the commands: every session's audio is on its timeline

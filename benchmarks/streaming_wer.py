@@ -39,7 +39,8 @@ def streamed(
 ) -> Done:
     """`audio` through `engine` with no clock, `step_samples` per step: what it finally said."""
     events: list = []
-    engine.add_utterance("u", events.append, transcription=transcription)
+    engine.on_events = lambda batch: events.extend(event for _, event in batch)
+    engine.add_utterance("u", transcription=transcription)
     for offset in range(0, len(audio), step_samples):
         engine.add_audio("u", audio[offset : offset + step_samples])
         engine.run_once()

@@ -60,7 +60,8 @@ def run_long_session(engine: Engine, num_items: int) -> LongSession:
     total = (num_items - padding_items) * spp
     seconds = pcm16_grid(np.random.default_rng(0).normal(0, 0.1, 10 * 16_000)).reshape(10, 16_000)
     events: list = []
-    engine.add_utterance("long", events.append)
+    engine.on_events = lambda batch: events.extend(event for _, event in batch)
+    engine.add_utterance("long")
     engine.run_once()
     request = engine.scheduler.requests["long"]
     referenced = store = items_held = 0

@@ -51,7 +51,7 @@ def main() -> None:
     model.decode = timed(model.decode, decodes)
     engine = Engine(WhisperRunner(model))
     for index in range(args.sessions):
-        engine.add_utterance(f"u{index}", lambda event: None)
+        engine.add_utterance(f"u{index}")
     step = round(args.step * SAMPLE_RATE)
     steps = 0
     for offset in range(0, min(len(a) for a in audio), step):

@@ -1,11 +1,9 @@
 """What other threads ask of the engine: typed commands, applied in order on the engine thread."""
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from realtime.events import EngineEvent
 from voxtral.runner import Transcription
 from voxtral.vad import VadConfig
 
@@ -13,7 +11,6 @@ from voxtral.vad import VadConfig
 @dataclass
 class AddUtterance:
     utterance_id: str
-    on_event: Callable[[EngineEvent], None]
     vad: VadConfig
     transcription: Transcription
 

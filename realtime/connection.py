@@ -53,17 +53,19 @@ class Connection:
         metrics: Metrics,
         limits: ConnectionLimits,
         model: ServedModel,
+        routes: dict[str, "Connection"],
         connection_id: str,
     ) -> None:
+        """`routes`: the server's table of which connection each utterance's events go to."""
         self.websocket = websocket
         self.engine = engine
         self.metrics = metrics
         self.limits = limits
         self.model = model
+        self.routes = routes
         self.connection_id = connection_id
         self.log = structlog.get_logger("voxrt.connection").bind(connection_id=connection_id)
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue(maxsize=limits.outbox_events)
-        self.loop = asyncio.get_running_loop()
         self.wire: WireSession | None = None
         self.utterances: set[str] = set()  # started, not yet done or failed
         self.finishing: set[str] = set()  # input ended, result owed: the client may wait silently
@@ -209,15 +211,11 @@ class Connection:
         self.num_utterances += 1
         utterance = f"{self.connection_id}-{self.num_utterances}"
         self.utterances.add(utterance)
+        self.routes[utterance] = self
         self.idle.clear()
         self.metrics.utterances_total.inc()
         self.metrics.utterances_active.inc()
-        self.engine.add_utterance(
-            utterance,
-            lambda e: self.loop.call_soon_threadsafe(self._on_engine_event, utterance, e),
-            vad,
-            transcription,
-        )
+        self.engine.add_utterance(utterance, vad, transcription)
         return utterance
 
     def add_audio(self, utterance: str, samples: np.ndarray) -> None:
@@ -253,9 +251,7 @@ class Connection:
             self.engine.abort(utterance)
             self._ended(utterance)
 
-    def _on_engine_event(self, utterance: str, event: EngineEvent) -> None:
-        if utterance not in self.utterances:
-            return  # aborted meanwhile
+    def on_engine_event(self, utterance: str, event: EngineEvent) -> None:
         if isinstance(event, Delta):
             self.num_deltas += 1
             self.metrics.deltas.inc()
@@ -271,6 +267,7 @@ class Connection:
 
     def _ended(self, utterance: str) -> None:
         self.utterances.discard(utterance)
+        self.routes.pop(utterance, None)
         self.finishing.discard(utterance)
         self.sent_samples.pop(utterance, None)
         self.audio_started_at.pop(utterance, None)

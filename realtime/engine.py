@@ -1,15 +1,15 @@
 """The step loop: one thread owns the scheduler, the caches, the utterances and the runner.
 
-Other threads only enqueue typed commands and read the stats the loop publishes; each
-utterance's events reach its listener through the callback it was added with.
+Other threads only enqueue typed commands and read the stats the loop publishes; the
+events of every utterance go to one listener, `on_events`, once per step, as one batch of
+(utterance id, event) in order.
 """
 
-import asyncio
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
@@ -19,7 +19,7 @@ from cache import FeatureCache
 from realtime.capacity import Capacity
 from realtime.commands import Abort, AddUtterance, AppendAudio, Command, FinishInput
 from realtime.config import EngineConfig, EngineStats
-from realtime.events import Done, EngineEvent, Failed
+from realtime.events import EngineEvent
 from realtime.ingest import Ingest
 from realtime.utterance import Utterances
 from scheduler import Scheduler, SchedulerOutput
@@ -43,6 +43,8 @@ class Engine:
             self.config.capacity, runner.step_period_seconds, runner.full_window_seconds, time.monotonic()
         )
         self.on_step: Callable[[float, int], None] | None = None  # (model seconds, utterances decoded)
+        # A step's events, (utterance id, event) in order; called on the engine thread.
+        self.on_events: Callable[[list[tuple[str, EngineEvent]]], None] | None = None
         self.num_steps = self.num_tokens = 0
         self.model_seconds = 0.0  # summed over steps: with steps in flight, overlaps host work
         self._in_flight: deque[tuple[SchedulerOutput, Future[StepResult]]] = deque()
@@ -64,14 +66,10 @@ class Engine:
         return self._thread.is_alive()
 
     def add_utterance(
-        self,
-        utterance_id: str,
-        on_event: Callable[[EngineEvent], None],
-        vad: VadConfig | None = None,
-        transcription: Transcription = Transcription(),
+        self, utterance_id: str, vad: VadConfig | None = None, transcription: Transcription = Transcription()
     ) -> None:
         """Its turn detection (default: the engine's), language and task (default: the model's choice)."""
-        self._commands.put(AddUtterance(utterance_id, on_event, vad or VadConfig(), transcription))
+        self._commands.put(AddUtterance(utterance_id, vad or VadConfig(), transcription))
 
     def add_audio(self, utterance_id: str, samples: np.ndarray, arrived_at: float | None = None) -> None:
         """`arrived_at`: when the audio reached the server (default: now)."""
@@ -82,18 +80,6 @@ class Engine:
 
     def abort(self, utterance_id: str) -> None:
         self._commands.put(Abort(utterance_id))
-
-    def events(self, utterance_id: str) -> AsyncIterator[EngineEvent]:
-        """Add an utterance now; iterate its events from a running event loop, to `Done` or `Failed`."""
-        loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
-        self.add_utterance(utterance_id, lambda event: loop.call_soon_threadsafe(inbox.put_nowait, event))
-
-        async def until_ended() -> AsyncIterator[EngineEvent]:
-            while not isinstance(event := await inbox.get(), Done | Failed):
-                yield event
-            yield event
-
-        return until_ended()
 
     def stats(self) -> EngineStats:
         return self.snapshot
@@ -116,6 +102,7 @@ class Engine:
                         self.utterances.fail(
                             utterance, "processing_error", "the engine failed a step; see the log"
                         )
+                    self._publish()
         except BaseException:
             log.critical("engine.died", exc_info=True)
             raise
@@ -162,6 +149,17 @@ class Engine:
         ):
             self._complete(*self._in_flight.popleft())
         self.snapshot = EngineStats.take(self, time.monotonic())
+        self._publish()
+
+    def _publish(self) -> None:
+        """The events since the last publish, to the listener; one that raises loses them, never
+        the engine thread."""
+        events, self.utterances.outbox = self.utterances.outbox, []
+        if events and self.on_events is not None:
+            try:
+                self.on_events(events)
+            except Exception:
+                log.exception("engine.listener_failed", events=len(events))
 
     def _complete(self, out: SchedulerOutput, future: Future[StepResult]) -> None:
         try:

@@ -22,6 +22,7 @@ from realtime.admission import Admission
 from realtime.config import ServedModel, ServerConfig
 from realtime.connection import Connection
 from realtime.engine import Engine
+from realtime.events import EngineEvent
 from realtime.limits import client_address
 from realtime.metrics import Metrics
 from realtime.protocols import openai_wire
@@ -56,6 +57,7 @@ class RealtimeServer:
         self.model = model
         self.connections_by_address: Counter[str] = Counter()
         self.connections: set[Connection] = set()
+        self.routes: dict[str, Connection] = {}  # utterance id -> the connection it is for
         self.admission = Admission(engine, self.metrics, self.connections, config.max_sessions)
         self.draining = False
         self.server: Server | None = None
@@ -157,6 +159,15 @@ class RealtimeServer:
             return self._refuse(connection, HTTPStatus.SERVICE_UNAVAILABLE, "server_busy", busy)
         return None
 
+    def _route(self, events: list[tuple[str, EngineEvent]]) -> None:
+        """A step's events to the connections whose utterances they are (none: ended meanwhile)."""
+        for utterance_id, event in events:
+            if (connection := self.routes.get(utterance_id)) is not None:
+                try:
+                    connection.on_engine_event(utterance_id, event)
+                except Exception:
+                    connection.log.exception("connection.event_failed", engine_event=type(event).__name__)
+
     def _address(self, connection: ServerConnection) -> str:
         peer = connection.remote_address[0]
         return client_address(peer, connection.request.headers, self.config.trusted_proxies)
@@ -165,7 +176,7 @@ class RealtimeServer:
         connection_id = f"sess-{uuid.uuid4().hex}"
         websocket.transport.max_size = READ_BYTES  # asyncio's recv() size
         connection = Connection(
-            websocket, self.engine, self.metrics, self.config.limits, self.model, connection_id
+            websocket, self.engine, self.metrics, self.config.limits, self.model, self.routes, connection_id
         )
         openai = _wants_openai(websocket.request)
         address = self._address(websocket)
@@ -184,6 +195,8 @@ class RealtimeServer:
 
     async def start(self) -> None:
         heap.settle()
+        loop = asyncio.get_running_loop()
+        self.engine.on_events = lambda events: loop.call_soon_threadsafe(self._route, events)
         self.engine.start()
         self.server = await serve(
             self._handle,

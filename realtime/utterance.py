@@ -1,7 +1,6 @@
 """Everything the engine keeps per utterance, and the table of live ones (engine thread only)."""
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +36,6 @@ class Utterance:
 
     request: Request  # the timeline: items, positions computed, output token ids
     state: object
-    on_event: Callable[[EngineEvent], None]
     buffer: IngestBuffer = field(default_factory=IngestBuffer)
     vad: VadStream = field(default_factory=VadStream)
     interim: str = ""  # the last `Interim` sent
@@ -50,24 +48,18 @@ class Utterance:
     def id(self) -> str:
         return self.request.request_id
 
-    def emit(self, event: EngineEvent) -> None:
-        emit(self.on_event, event)
-
-
-def emit(on_event: Callable[[EngineEvent], None], event: EngineEvent) -> None:
-    """A listener that raises loses its event, never the engine thread."""
-    try:
-        on_event(event)
-    except Exception:
-        log.exception("engine.listener_failed", engine_event=type(event).__name__)
-
 
 class Utterances(dict[str, Utterance]):
-    """The live utterances by id: their start, their audio, their end."""
+    """The live utterances by id: their start, their audio, their end; and the events for
+    their listeners since the engine last published them (`outbox`)."""
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, ingest: Ingest, config: EngineConfig):
         super().__init__()
         self.runner, self.scheduler, self.ingest, self.config = runner, scheduler, ingest, config
+        self.outbox: list[tuple[str, EngineEvent]] = []
+
+    def emit(self, utterance_id: str, event: EngineEvent) -> None:
+        self.outbox.append((utterance_id, event))
 
     def consumed_samples(self) -> dict[str, int]:
         """Per utterance, how much of its client audio the model has computed, less what
@@ -77,8 +69,8 @@ class Utterances(dict[str, Utterance]):
 
     def add(self, command: AddUtterance) -> None:
         if command.utterance_id in self:
-            emit(
-                command.on_event,
+            self.emit(
+                command.utterance_id,
                 Failed("invalid_event", f"utterance {command.utterance_id!r} already exists"),
             )
             return
@@ -86,10 +78,10 @@ class Utterances(dict[str, Utterance]):
         try:
             state = self.runner.new_state(request, command.transcription)
         except NoFreeSlot as exc:
-            emit(command.on_event, Failed("too_many_sessions", str(exc)))
+            self.emit(command.utterance_id, Failed("too_many_sessions", str(exc)))
             return
         self.scheduler.add_request(request)
-        utterance = Utterance(request, state, command.on_event, vad=VadStream(command.vad))
+        utterance = Utterance(request, state, vad=VadStream(command.vad))
         if command.transcription.word_times:
             utterance.words = []
         self[command.utterance_id] = utterance
@@ -130,8 +122,9 @@ class Utterances(dict[str, Utterance]):
             for turn in turns:
                 sample = self.runner.leading_silence_samples + turn.audio_ms * SAMPLE_RATE // 1000
                 self.runner.turn(utterance.state, turn.speaking, sample // self.runner.samples_per_position)
-                utterance.emit(
-                    SpeechStarted(turn.audio_ms) if turn.speaking else SpeechStopped(turn.audio_ms)
+                self.emit(
+                    utterance.id,
+                    SpeechStarted(turn.audio_ms) if turn.speaking else SpeechStopped(turn.audio_ms),
                 )
 
     def deliver_step(self, outputs: dict[str, list[UtteranceOutput]]) -> int:
@@ -154,27 +147,27 @@ class Utterances(dict[str, Utterance]):
             resolved = utterance.request.output_token_ids[start : start + len(output.token_ids)]
             text += self.runner.detokenize(utterance.state, resolved, output.finished)
         if output.language:
-            utterance.emit(LanguageDetected(output.language))
+            self.emit(utterance.id, LanguageDetected(output.language))
         if text:
             utterance.text_parts.append(text)
             words = None
             if utterance.words is not None:
                 words = output.words or []
                 utterance.words += words
-            utterance.emit(Delta(text, time.monotonic() - output.audio_arrived_at, words))
+            self.emit(utterance.id, Delta(text, time.monotonic() - output.audio_arrived_at, words))
         if output.interim is not None and output.interim != utterance.interim and not output.finished:
             utterance.interim = output.interim
-            utterance.emit(Interim(output.interim))
+            self.emit(utterance.id, Interim(output.interim))
         if output.turn_ended:
-            utterance.emit(TurnEnded())
+            self.emit(utterance.id, TurnEnded())
         if output.finished:
             seconds = utterance.num_client_samples / SAMPLE_RATE
             text = "".join(utterance.text_parts)
-            utterance.emit(Done(text, seconds, utterance.num_tokens, utterance.words))
+            self.emit(utterance.id, Done(text, seconds, utterance.num_tokens, utterance.words))
             self.end(utterance)
 
     def fail(self, utterance: Utterance, code: str, message: str) -> None:
-        utterance.emit(Failed(code, message))
+        self.emit(utterance.id, Failed(code, message))
         self.end(utterance)
 
     def end(self, utterance: Utterance) -> None:

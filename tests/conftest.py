@@ -1,6 +1,9 @@
 import shutil
 import subprocess
+import time
+from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -8,6 +11,9 @@ import torch
 from hypothesis import settings
 
 from clients.audio import load_audio_file
+
+if TYPE_CHECKING:
+    from realtime.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "clients" / "samples"
@@ -21,6 +27,26 @@ settings.load_profile("voxrt")
 
 
 _spoken: dict[tuple[str, str, int, int], Path] = {}  # each clip is synthesized once per run
+
+
+def wait_for(condition, seconds: float = 60) -> None:
+    """Until `condition()` holds; `seconds` only bounds a hang."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def listen(engine: "Engine") -> defaultdict[str, list]:
+    """Each utterance's events, by id, as the engine publishes them."""
+    events: defaultdict[str, list] = defaultdict(list)
+
+    def route(batch: list) -> None:
+        for utterance_id, event in batch:
+            events[utterance_id].append(event)
+
+    engine.on_events = route
+    return events
 
 
 def espeak(text: str, path: Path, voice: str = "en-us", rate: int = 150, gap: int = 0) -> np.ndarray:

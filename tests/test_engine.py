@@ -9,20 +9,14 @@ import pytest
 from benchmarks.text import word_error_rate
 from realtime.engine import Engine
 from realtime.events import Delta, Done, Failed
-
-
-def wait_for(condition, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+from tests.conftest import listen, wait_for
 
 
 def test_abort_mid_stream_frees_everything(whisper_runner, welcome):
     samples, _ = welcome
     engine = Engine(whisper_runner)
-    events: list = []
-    engine.add_utterance("s", events.append)
+    events = listen(engine)["s"]
+    engine.add_utterance("s")
     engine.add_audio("s", samples[: 16000 * 4])
     engine.run_once()
     assert engine.scheduler.encoder_cache.num_used_rows > 0
@@ -40,8 +34,9 @@ def test_abort_mid_stream_frees_everything(whisper_runner, welcome):
 def test_a_failing_step_fails_its_sessions_and_the_engine_goes_on(whisper_runner, welcome, monkeypatch):
     samples, _ = welcome
     engine = Engine(whisper_runner)
-    first: list = []
-    engine.add_utterance("a", first.append)
+    events = listen(engine)
+    first = events["a"]
+    engine.add_utterance("a")
     engine.add_audio("a", samples[: 16000 * 3])
     real_execute = whisper_runner.execute
 
@@ -56,8 +51,8 @@ def test_a_failing_step_fails_its_sessions_and_the_engine_goes_on(whisper_runner
             time.sleep(0.05)
         assert isinstance(first[-1], Failed) and first[-1].code == "processing_error"
         monkeypatch.setattr(whisper_runner, "execute", real_execute)
-        second: list = []
-        engine.add_utterance("b", second.append)
+        second = events["b"]
+        engine.add_utterance("b")
         engine.add_audio("b", samples[: 16000 * 3])
         engine.finish_input("b")
         while not any(isinstance(e, Done) for e in second) and time.monotonic() < deadline + 30:
@@ -71,8 +66,8 @@ def test_a_failing_step_fails_its_sessions_and_the_engine_goes_on(whisper_runner
 def test_deltas_are_append_only_and_add_up(whisper_runner, welcome):
     samples, text = welcome
     engine = Engine(whisper_runner)
-    events: list = []
-    engine.add_utterance("s", events.append)
+    events = listen(engine)["s"]
+    engine.add_utterance("s")
     for offset in range(0, len(samples), 4000):
         engine.add_audio("s", samples[offset : offset + 4000])
         engine.run_once()
@@ -90,10 +85,9 @@ def test_utterances_done_in_one_step_end_in_the_order_they_were_added(whisper_ru
     samples, _ = welcome
     engine = Engine(whisper_runner)
     added, done = ["c", "a", "d", "b"], []
+    engine.on_events = lambda batch: done.extend(u for u, e in batch if isinstance(e, Done))
     for utterance_id in added:
-        engine.add_utterance(
-            utterance_id, lambda e, u=utterance_id: done.append(u) if isinstance(e, Done) else None
-        )
+        engine.add_utterance(utterance_id)
         engine.add_audio(utterance_id, samples[: 16000 * 2])
     engine.run_once()  # the scheduler's turn moves on: the next step schedules "a" first
     for utterance_id in added:
@@ -104,23 +98,26 @@ def test_utterances_done_in_one_step_end_in_the_order_they_were_added(whisper_ru
 
 
 def test_a_listener_that_raises_never_stops_the_engine(whisper_runner, welcome):
+    """It loses the events it raised on; the engine and the events after them go on."""
     samples, text = welcome
     engine = Engine(whisper_runner)
     raised: list = []
-
-    def broken(event) -> None:
-        raised.append(event)
-        raise RuntimeError("listener bug")
-
     good: list = []
+
+    def listener(batch: list) -> None:
+        good.extend(e for u, e in batch if u == "good")
+        if broken := [e for u, e in batch if u == "broken"]:
+            raised.extend(broken)
+            raise RuntimeError("listener bug")
+
+    engine.on_events = listener
     engine.start()
     try:
-        engine.add_utterance("broken", broken)
-        engine.add_utterance("good", good.append)
-        for utterance_id in ("broken", "good"):
+        for utterance_id, ended in (("broken", raised), ("good", good)):
+            engine.add_utterance(utterance_id)
             engine.add_audio(utterance_id, samples[: 16000 * 6])
             engine.finish_input(utterance_id)
-        wait_for(lambda: good and isinstance(good[-1], Done | Failed))
+            wait_for(lambda ended=ended: ended and isinstance(ended[-1], Done | Failed))
         assert isinstance(good[-1], Done) and word_error_rate(text, good[-1].text) < 0.6
         assert any(isinstance(e, Done) for e in raised), "the broken listener kept getting its events"
         assert engine.alive and engine.stats().utterances == 0
@@ -133,8 +130,8 @@ def test_delta_latency_counts_from_the_arrival_of_the_audio(whisper_runner, welc
     """An engine that falls `lag` seconds behind reports `lag` more, not the time since its last step."""
     samples, _ = welcome
     engine = Engine(whisper_runner)
-    events: list = []
-    engine.add_utterance("s", events.append)
+    events = listen(engine)["s"]
+    engine.add_utterance("s")
     engine.add_audio("s", samples[: 16000 * 6])
     engine.finish_input("s")
     time.sleep(lag)  # the audio has arrived; the engine has not looked at it yet

@@ -13,7 +13,7 @@ from benchmarks.text import normalize_words, word_error_rate
 from realtime.config import ServerConfig
 from realtime.engine import Engine
 from realtime.events import Delta, Done, Interim, SpeechStarted, SpeechStopped
-from tests.conftest import espeak
+from tests.conftest import espeak, listen
 from tests.server_harness import ServerThread, append_event
 from voxtral.vad import FRAME, Vad, VadStream
 
@@ -39,7 +39,8 @@ def stream_stepped(
     """Feed `audio` in chunks, one engine step after each; every event with the audio seconds sent by then."""
     events: list = []
     sent = [0.0]
-    engine.add_utterance("u", lambda e: events.append((sent[0], e)))
+    engine.on_events = lambda batch: events.extend((sent[0], e) for _, e in batch)
+    engine.add_utterance("u")
     for offset in range(0, len(audio), chunk):
         engine.add_audio("u", audio[offset : offset + chunk])
         sent[0] = min(len(audio), offset + chunk) / 16000
@@ -84,7 +85,7 @@ def test_vad_is_one_batched_call_per_step_for_all_utterances(whisper_runner, tmp
     speech = espeak("Please bring your notes and arrive on time.", tmp_path / "a.wav")
     engine = Engine(whisper_runner)
     for name in "abcd":
-        engine.add_utterance(name, lambda e: None)
+        engine.add_utterance(name)
     steps = 0
     for offset in range(0, len(speech), 8000):
         for name in "abcd":
@@ -102,7 +103,7 @@ def test_a_step_decodes_one_window_of_a_turn_going_on_and_the_others_wait_counte
     engine = Engine(whisper_runner)
     names = "abc"
     for name in names:
-        engine.add_utterance(name, lambda e: None)
+        engine.add_utterance(name)
     engine.run_once()
     rounds, waited = 0, 0
     for offset in range(0, 16000 * 6, 9600):  # 0.6 s a round, inside the sentence: all due again
@@ -152,8 +153,8 @@ def test_turns_that_arrive_faster_than_real_time_are_each_committed_whole(whispe
     speech = welcome[0][: 4 * 16000]  # "Good morning everyone. Today we will talk about ..."
     audio = np.concatenate([speech, silence(20.0)] * 4)
     engine = Engine(whisper_runner)
-    events: list = []
-    engine.add_utterance("u", events.append)
+    events = listen(engine)["u"]
+    engine.add_utterance("u")
     engine.add_audio("u", audio)
     engine.finish_input("u")
     while not any(isinstance(e, Done) for e in events):

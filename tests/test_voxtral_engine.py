@@ -1,7 +1,6 @@
-"""The Voxtral family in the engine: freeing on abort, the async event stream, detokenizing,
+"""The Voxtral family in the engine: freeing on abort, the event stream, detokenizing,
 features and loading errors."""
 
-import asyncio
 import gc
 import json
 import shutil
@@ -16,10 +15,12 @@ from hypothesis import strategies as st
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 from transformers import AutoProcessor
 
-from realtime.events import Delta, Done, Failed
+from realtime.events import Delta, Done, Failed, SpeechStopped, TurnEnded
+from tests.conftest import listen, wait_for
 from tests.voxtral_harness import (
     Feed,
     drive,
+    listen_feeds,
     pcm16_grid,
     pieces,
     reference_text,
@@ -53,10 +54,11 @@ def test_abort_mid_stream_frees_everything_and_the_other_session_is_unaffected(v
     kept = Feed(pieces(kept_audio, "80ms"))
     aborted = Feed(pieces(noise(4.0, seed=2), "80ms"))
     feeds = {"kept": kept, "aborted": aborted}
+    listen_feeds(engine, feeds)
     for _ in range(30):  # both sessions well into decoding
         for utterance_id, feed in feeds.items():
             if feed.request is None:
-                engine.add_utterance(utterance_id, feed.events.append)
+                engine.add_utterance(utterance_id)
             else:
                 engine.add_audio(utterance_id, feed.pieces.pop(0))
         engine.run_once()
@@ -77,18 +79,15 @@ def test_events_stream_deltas_then_done_while_the_engine_runs_in_its_thread(voxt
     path = voxtral_dirs["short_windows"]
     audio = noise(2.0, seed=3)
     engine = voxtral_engine(path, max_sessions=1)
+    events = listen(engine)["s"]
     engine.start()
-
-    async def session() -> list:
-        events = engine.events("s")
+    try:
+        engine.add_utterance("s")
         for piece in pieces(audio, "random", seed=3):
             engine.add_audio("s", piece)
-            await asyncio.sleep(0.01)
+            time.sleep(0.01)  # a client's pace, not a wait
         engine.finish_input("s")
-        return [event async for event in events]
-
-    try:
-        events = asyncio.run(asyncio.wait_for(session(), timeout=60))
+        wait_for(lambda: ended(events))
     finally:
         engine.stop()
     expected = reference_text(path, reference_tokens(path, audio))
@@ -198,17 +197,17 @@ def test_a_failed_device_step_fails_its_sessions_frees_them_and_the_engine_carri
 
     monkeypatch.setattr(model, "decode", decode_failing_once)
     audio = noise(2.0, seed=6)
-    events: dict[str, list] = {"a": [], "b": [], "after": []}
+    events = listen(engine)
     engine.start()
     try:
         for utterance_id in ("a", "b"):
-            engine.add_utterance(utterance_id, events[utterance_id].append)
+            engine.add_utterance(utterance_id)
             engine.add_audio(utterance_id, noise(3.0, seed={"a": 4, "b": 5}[utterance_id]))
         deadline = time.monotonic() + 60
         while not (ended(events["a"]) and ended(events["b"])) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert events["a"][-1].code == events["b"][-1].code == "processing_error"
-        engine.add_utterance("after", events["after"].append)
+        engine.add_utterance("after")
         engine.add_audio("after", audio)
         engine.finish_input("after")
         while not ended(events["after"]) and time.monotonic() < deadline:
@@ -223,8 +222,9 @@ def test_a_failed_device_step_fails_its_sessions_frees_them_and_the_engine_carri
 def test_a_full_slot_pool_refuses_an_utterance_at_once(voxtral_dirs):
     engine = voxtral_engine(voxtral_dirs["base"], max_sessions=1)
     first, second = Feed(pieces(noise(1.0, seed=7), "whole")), Feed([])
-    engine.add_utterance("first", first.events.append)
-    engine.add_utterance("second", second.events.append)
+    listen_feeds(engine, {"first": first, "second": second})
+    engine.add_utterance("first")
+    engine.add_utterance("second")
     started = time.monotonic()
     engine.run_once()
     assert time.monotonic() - started < 5, "taking a KV slot must never wait"
@@ -233,3 +233,37 @@ def test_a_full_slot_pool_refuses_an_utterance_at_once(voxtral_dirs):
     drive(engine, {"first": first})
     assert isinstance(first.events[-1], Done)
     assert_nothing_held(engine)
+
+
+def test_a_turn_the_vad_ends_ends_with_the_token_its_delay_puts_after_it(voxtral_dirs, welcome):
+    """Two spoken turns, each followed by silence: each `SpeechStopped` is followed by one
+    `TurnEnded`, at the first token sampled at or past the turn's last position plus
+    Voxtral's delay (what the OpenAI wire cuts items at), and before the utterance's `Done`."""
+    speech, silent = welcome[0][: 3 * 16_000], np.zeros(2 * 16_000, np.float32)
+    engine = voxtral_engine(voxtral_dirs["base"], max_sessions=1)
+    runner, feed = engine.runner, Feed(pieces(np.concatenate([speech, silent, speech, silent]), "80ms"))
+    turn_ends: list[int] = []  # the position of each turn's last token
+
+    def route(batch: list) -> None:
+        for _, event in batch:
+            feed.events.append(event)
+            if isinstance(event, TurnEnded):
+                resolved = [t for t in feed.request.output_token_ids if t != -1]
+                turn_ends.append(runner.model.num_prompt - 2 + len(resolved))
+
+    engine.add_utterance("u")
+    engine.run_once()
+    feed.request = engine.scheduler.requests["u"]
+    engine.on_events = route
+    while not feed.done:
+        if feed.pieces:
+            engine.add_audio("u", feed.pieces.pop(0))
+            if not feed.pieces:
+                engine.finish_input("u")
+        engine.run_once()
+    kinds = [type(e) for e in feed.events if isinstance(e, SpeechStopped | TurnEnded | Done)]
+    assert kinds == [SpeechStopped, TurnEnded, SpeechStopped, TurnEnded, Done], kinds
+    stops = [e.audio_ms for e in feed.events if isinstance(e, SpeechStopped)]
+    for stop_ms, end in zip(stops, turn_ends, strict=True):
+        last = (runner.leading_silence_samples + stop_ms * 16) // runner.samples_per_position
+        assert end >= last + runner.model.num_delay_tokens - 1, (stop_ms, end)

@@ -10,7 +10,7 @@ from benchmarks.text import whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
 from realtime.engine import Engine
 from realtime.events import Delta, Done
-from tests.conftest import espeak
+from tests.conftest import espeak, listen
 from voxtral.runner import Transcription
 from voxtral.whisper.runner import WhisperRunner
 
@@ -46,11 +46,9 @@ def stream_through_engine(
 ) -> dict[str, list]:
     """Feed every stream in random 100-500 ms pieces, interleaved, stepping the engine as audio arrives."""
     rng = np.random.default_rng(seed)
-    events: dict[str, list] = {name: [] for name in audios}
+    events = listen(engine)
     for name in audios:
-        engine.add_utterance(
-            name, events[name].append, transcription=(transcriptions or {}).get(name, Transcription())
-        )
+        engine.add_utterance(name, transcription=(transcriptions or {}).get(name, Transcription()))
     offsets = dict.fromkeys(audios, 0)
     while any(offsets[n] < len(a) for n, a in audios.items()):
         for name, samples in audios.items():

@@ -148,12 +148,24 @@ def pieces(audio: np.ndarray, chunking: str, seed: int = 0) -> list[np.ndarray]:
     return np.split(audio, cuts[:-1])
 
 
+def listen_feeds(engine: Engine, feeds: dict[str, Feed]) -> None:
+    """Each feed gets its utterance's events (an utterance no feed holds: dropped)."""
+
+    def route(batch: list) -> None:
+        for utterance_id, event in batch:
+            if (feed := feeds.get(utterance_id)) is not None:
+                feed.events.append(event)
+
+    engine.on_events = route
+
+
 def drive(engine: Engine, feeds: dict[str, Feed], max_steps: int = 100_000) -> None:
     """Step the engine on this thread, one client piece per session per step, until all are done."""
+    listen_feeds(engine, feeds)
     for step in range(max_steps):
         for utterance_id, feed in feeds.items():
             if step == feed.start_step and feed.request is None:
-                engine.add_utterance(utterance_id, feed.events.append)
+                engine.add_utterance(utterance_id)
             elif step > feed.start_step and feed.pieces:
                 engine.add_audio(utterance_id, feed.pieces.pop(0))
                 if not feed.pieces:
