@@ -9,8 +9,10 @@ window's end. Whisper's loop guard drops a hypothesis's repeating tail.
 
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
+from itertools import accumulate
 
 from voxtral.whisper.model import Hypothesis, Segment
 from voxtral.whisper.words import split_words
@@ -29,14 +31,46 @@ def _substitution(a: str, b: str) -> float:
     return 0.5 if SequenceMatcher(None, a, b).ratio() >= 0.5 else 1.0
 
 
-def _estimate_word_ends(words: list[str], start: float, end: float) -> list[float]:
-    """Whisper gives segment times only: spread a segment over its words by their length."""
-    total = sum(len(w) + 1 for w in words)
-    ends, done = [], 0
-    for word in words:
-        done += len(word) + 1
-        ends.append(start + (end - start) * done / total)
-    return ends
+@dataclass(frozen=True)
+class Word:
+    """A word of a hypothesis, as the policy weighs it."""
+
+    text: str
+    end: float  # seconds from the window's start (Whisper times segments: spread by length)
+    heard: bool  # the decoder heard it before the window's last moments: it may be committed
+    settled: bool  # heard so long before the window's end that it needs no agreement
+
+
+@dataclass
+class Said:
+    """A segment of a hypothesis: its words, and where Whisper closed it (None: still open)."""
+
+    words: list[Word]
+    end: float | None
+
+
+def _said(
+    hyp: Hypothesis, spaced: bool, window_seconds: float, heard: int | None, settled: int
+) -> list[Said]:
+    """`hyp`'s segments of words; its first `heard` words (None: all) are heard, `settled` settled."""
+    out: list[Said] = []
+    index = 0
+    for segment in hyp.segments:
+        texts = split_words(segment.text, spaced)
+        start, end = segment.start, segment.end or window_seconds
+        total, done, words = sum(len(t) + 1 for t in texts), 0, []
+        for text in texts:
+            done += len(text) + 1
+            at = start + (end - start) * done / total
+            words.append(Word(text, at, heard is None or index < heard, index < settled))
+            index += 1
+        out.append(Said(words, segment.end))
+    return out
+
+
+def _leading(words: list[Word], holds: Callable[[Word], bool]) -> int:
+    """How many of the first `words`, in a row, `holds` is true of."""
+    return next((i for i, word in enumerate(words) if not holds(word)), len(words))
 
 
 @dataclass
@@ -150,16 +184,16 @@ class WindowCommitter:
     # early, and a window trimmed there still holds its last words.
     trimmed: list[str] = field(default_factory=list)
 
-    def _heard_again(self, words: list[str]) -> int:
+    def _heard_again(self, words: list[Word]) -> int:
         """How many of the hypothesis's first words are the last trimmed ones, heard again
         (at least `REHEARD_WORDS` in a row; fewer may be new speech that says the same)."""
-        said, before = [_norm(w) for w in words], [_norm(w) for w in self.trimmed]
+        said, before = [_norm(w.text) for w in words], [_norm(w) for w in self.trimmed]
         for k in range(min(len(said), len(before)), REHEARD_WORDS - 1, -1):
             if said[:k] == before[-k:]:
                 return k
         return 0
 
-    def _after_committed(self, words: list[str]) -> list[str]:
+    def _after_committed(self, words: list[Word]) -> list[Word]:
         """The hypothesis past the window's committed words, which it re-transcribes.
 
         The model may re-word them ("sea shells" for "seashells") or drop one at the
@@ -168,7 +202,7 @@ class WindowCommitter:
         shorter prefix wins (repeat, never lose, a word).
         """
         committed = [_norm(w) for w in self.window_words]
-        said = [_norm(w) for w in words]
+        said = [_norm(w.text) for w in words]
         if said[: len(committed)] == committed:
             return words[len(committed) :]
         # row[p]: edits between the committed words so far and said[:p]
@@ -182,6 +216,19 @@ class WindowCommitter:
                 )
         best = min(range(len(said) + 1), key=lambda p: (row[p], p))
         return words[best:]
+
+    def _agreed(self, tail: list[Word]) -> int:
+        """How many of the new words may be committed: those the last hypothesis said too
+        (LocalAgreement) or that settled, and of them only those heard (hold back the rest)."""
+        agreed = len(tail)
+        if self.agree:
+            agreed = 0
+            for new, old in zip(tail, self.pending, strict=False):
+                if _norm(new.text) != _norm(old):
+                    break
+                agreed += 1
+            agreed = max(agreed, _leading(tail, lambda word: word.settled))
+        return min(agreed, _leading(tail, lambda word: word.heard))
 
     def update(
         self,
@@ -202,61 +249,61 @@ class WindowCommitter:
         if hyp is None:
             self.pending = []
             return WindowCommit("", clear=not self.window_words)
-        words: list[str] = []
-        word_ends: list[float] = []
-        segment_ends: list[tuple[int, float | None]] = []  # (words through this segment, end)
-        for segment in hyp.segments:
-            seg_words = split_words(segment.text, self.spaced)
-            words += seg_words
-            word_ends += _estimate_word_ends(seg_words, segment.start, segment.end or window_seconds)
-            segment_ends.append((len(words), segment.end))
+        said = _said(hyp, self.spaced, window_seconds, heard_words, settled_words)
+        words = [word for segment in said for word in segment.words]
         if not self.window_words:  # nothing forced: the trimmed words' audio may be heard again
-            self.window_words = words[: self._heard_again(words)]
+            self.window_words = [w.text for w in words[: self._heard_again(words)]]
         tail = self._after_committed(words)
-        agreed = len(tail)
-        if not commit_all and self.agree:
-            agreed = 0
-            for new, old in zip(tail, self.pending, strict=False):
-                if _norm(new) != _norm(old):
-                    break
-                agreed += 1
-            agreed = max(agreed, settled_words - (len(words) - len(tail)))
-        if not commit_all and heard_words is not None:
-            agreed = min(agreed, max(0, heard_words - (len(words) - len(tail))))
+        first = len(words) - len(tail)
+        agreed = len(tail) if commit_all else self._agreed(tail)
         clear = False
         if force_trim and not commit_all:
-            closed = [n for n, end in segment_ends[:-1] if end is not None]
+            # Too long: commit through the last segment closed before the hypothesis's last one
+            # (counted in the hypothesis's words, past the window's committed ones), or all of it.
+            ends = _word_counts(said)
+            closed = [n for n, segment in zip(ends[:-1], said[:-1], strict=True) if segment.end is not None]
             agreed = max(agreed, (closed[-1] if closed else len(words)) - len(self.window_words))
             clear = not closed
-        committed = tail[:agreed]
-        self.pending = tail[agreed:]
-        self.window_words += committed
-        # Where the last committed word of the hypothesis ends.
-        end_seconds = word_ends[len(words) - len(tail) + len(committed) - 1] if committed else 0.0
+        committed, rest = tail[:agreed], tail[agreed:]
+        self.pending = [w.text for w in rest]
+        self.window_words += [w.text for w in committed]
+        texts = [w.text for w in committed]
+        end_seconds = committed[-1].end if committed else 0.0  # where the last committed word ends
         joiner = " " if self.spaced else ""
         interim = joiner.join(self.pending)
-        first = len(words) - len(tail)
         if clear:
             self.window_words, self.pending, self.trimmed = [], [], []
-            return WindowCommit(
-                joiner.join(committed), committed, first, end_seconds, clear=True, interim=interim
-            )
-        trim, consumed = 0.0, 0
-        for through, end in segment_ends:
-            if end is not None and through <= len(self.window_words) and (force_trim or end <= trim_before):
-                trim = end
-                consumed = through
-        if trim > 0:
-            self.trimmed, self.window_words = self.window_words[:consumed], self.window_words[consumed:]
+            return WindowCommit(joiner.join(texts), texts, first, end_seconds, clear=True, interim=interim)
+        trim, consumed = self._trim(said, force_trim, trim_before)
         return WindowCommit(
-            joiner.join(committed),
-            committed,
+            joiner.join(texts),
+            texts,
             first,
             end_seconds,
             trim_seconds=trim,
             consumed_words=consumed,
             interim=interim,
         )
+
+    def _trim(self, said: list[Said], force_trim: bool, trim_before: float) -> tuple[float, int]:
+        """Where the window may start now: past the last segment whose words are all committed
+        and that ended before `trim_before` (any, with `force_trim`); with the words it held."""
+        trim, consumed = 0.0, 0
+        for through, segment in zip(_word_counts(said), said, strict=True):
+            if (
+                segment.end is not None
+                and through <= len(self.window_words)
+                and (force_trim or segment.end <= trim_before)
+            ):
+                trim, consumed = segment.end, through
+        if trim > 0:
+            self.trimmed, self.window_words = self.window_words[:consumed], self.window_words[consumed:]
+        return trim, consumed
+
+
+def _word_counts(said: list[Said]) -> list[int]:
+    """Per segment, how many of the hypothesis's words it ends after."""
+    return list(accumulate(len(segment.words) for segment in said))
 
 
 def compression_ratio(text: str) -> float:
