@@ -15,6 +15,7 @@ from transformers import WhisperForConditionalGeneration
 from voxtral.errors import WeightsError
 from voxtral.whisper.decoder import StepDecoder
 from voxtral.whisper.int8 import quantize_tokenwise
+from voxtral.whisper.logits import Suppress, SuppressAtStart, TimestampRules, apply
 from voxtral.whisper.loop_guard import LoopGuard
 
 SECONDS_PER_TIMESTAMP = 0.02
@@ -78,13 +79,18 @@ class WhisperModel:
         self.start_of_previous = self.tokenizer.token_to_id("<|startofprev|>")
         self.no_speech = self.no_timestamps - 1  # <|nocaptions|>, just before <|notimestamps|>
         self.timestamp_begin = self.no_timestamps + 1
-        self.max_initial_timestamp_index = generation.max_initial_timestamp_index or 50
         vocab = config.vocab_size
-        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
-        self.suppress[list(config.suppress_tokens or [])] = True
-        self.suppress[self.no_timestamps] = True
-        self.begin_suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
-        self.begin_suppress[list(config.begin_suppress_tokens or [])] = True
+        suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
+        suppress[list(config.suppress_tokens or [])] = True
+        suppress[self.no_timestamps] = True
+        begin_suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
+        begin_suppress[list(config.begin_suppress_tokens or [])] = True
+        max_initial = generation.max_initial_timestamp_index or 50
+        self.rules = [
+            SuppressAtStart(begin_suppress),
+            Suppress(suppress),
+            TimestampRules(self.timestamp_begin, self.eot, max_initial),
+        ]
         # OpenAI's rule: the multilingual vocabulary is the larger one.
         self.multilingual = config.vocab_size >= MULTILINGUAL_VOCAB_SIZE
         self.language_ids = self._language_ids() if self.multilingual else {}
@@ -165,30 +171,6 @@ class WhisperModel:
             x = layer(x, None)
         return encoder.layer_norm(x)
 
-    def _timestamp_rules(self, scores: torch.Tensor, generated: list[list[int]]) -> None:
-        """Whisper's rules: timestamps pair up and never go back; the first token is one."""
-        tb = self.timestamp_begin
-        for row, seq in enumerate(generated):
-            if not seq:
-                scores[row, :tb] = -torch.inf
-                scores[row, tb + self.max_initial_timestamp_index + 1 :] = -torch.inf
-                continue
-            last_ts = seq[-1] >= tb
-            penultimate_ts = len(seq) < 2 or seq[-2] >= tb
-            if last_ts:
-                if penultimate_ts:
-                    scores[row, tb:] = -torch.inf
-                else:
-                    scores[row, : self.eot] = -torch.inf
-            stamps = [t for t in seq if t >= tb]
-            if stamps:
-                floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
-                scores[row, tb:floor] = -torch.inf
-        logprobs = torch.log_softmax(scores.float(), dim=-1)
-        timestamp_logprob = logprobs[:, tb:].logsumexp(dim=-1)
-        text_logprob = logprobs[:, :tb].max(dim=-1).values
-        scores[:, :tb].masked_fill_((timestamp_logprob > text_logprob).unsqueeze(-1), -torch.inf)
-
     @torch.inference_mode()
     def decode(
         self,
@@ -236,10 +218,7 @@ class WhisperModel:
             if step == 0:
                 at_sot = self.model.proj_out(hidden[torch.arange(batch), sot_index]).float()
                 no_speech_prob = torch.softmax(at_sot, dim=-1)[:, self.no_speech].tolist()
-                starting = torch.tensor([not f for f in forced], device=self.device)
-                scores.masked_fill_(starting[:, None] & self.begin_suppress, -torch.inf)
-            scores.masked_fill_(self.suppress, -torch.inf)
-            self._timestamp_rules(scores, generated)
+            apply(self.rules, scores, step, generated)
             logprobs = torch.log_softmax(scores, dim=-1)
             next_ids = scores.argmax(dim=-1)
             chosen = logprobs.gather(1, next_ids[:, None])[:, 0].tolist()

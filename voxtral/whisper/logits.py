@@ -1,0 +1,79 @@
+"""Whisper's rules over each decoding step's next-token scores, applied in order.
+
+Each rule masks, in place, the tokens a row may not choose next, given what the row holds
+so far (forced and generated tokens, timestamps included); transformers' logits
+processors are the model. `WhisperModel.decode` applies `whisper_rules` to every step.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class LogitsRule(Protocol):
+    def __call__(self, scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
+        """Mask `scores` (rows, vocabulary) in place; `held[row]`: the row's tokens so far."""
+        ...
+
+
+@dataclass
+class SuppressAtStart:
+    """A row's first token is never one of these (a blank, end of text): Whisper's begin suppression."""
+
+    tokens: torch.Tensor  # (vocabulary,) bool
+
+    def __call__(self, scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
+        if step == 0:
+            starting = torch.tensor([not tokens for tokens in held], device=scores.device)
+            scores.masked_fill_(starting[:, None] & self.tokens, -torch.inf)
+
+
+@dataclass
+class Suppress:
+    """Tokens never chosen: the model's suppressed ones, and <|notimestamps|>."""
+
+    tokens: torch.Tensor  # (vocabulary,) bool
+
+    def __call__(self, scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
+        scores.masked_fill_(self.tokens, -torch.inf)
+
+
+@dataclass
+class TimestampRules:
+    """Timestamps pair up and never go back; a row starts with one, no later than
+    `max_initial`; and where the timestamps together are likelier than any text token, one
+    of them comes next."""
+
+    timestamp_begin: int
+    eot: int
+    max_initial: int
+
+    def __call__(self, scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
+        tb = self.timestamp_begin
+        for row, seq in enumerate(held):
+            if not seq:
+                scores[row, :tb] = -torch.inf
+                scores[row, tb + self.max_initial + 1 :] = -torch.inf
+                continue
+            last_ts = seq[-1] >= tb
+            penultimate_ts = len(seq) < 2 or seq[-2] >= tb
+            if last_ts:
+                if penultimate_ts:
+                    scores[row, tb:] = -torch.inf
+                else:
+                    scores[row, : self.eot] = -torch.inf
+            stamps = [t for t in seq if t >= tb]
+            if stamps:
+                floor = stamps[-1] if last_ts and not penultimate_ts else stamps[-1] + 1
+                scores[row, tb:floor] = -torch.inf
+        logprobs = torch.log_softmax(scores.float(), dim=-1)
+        timestamp_logprob = logprobs[:, tb:].logsumexp(dim=-1)
+        text_logprob = logprobs[:, :tb].max(dim=-1).values
+        scores[:, :tb].masked_fill_((timestamp_logprob > text_logprob).unsqueeze(-1), -torch.inf)
+
+
+def apply(rules: Sequence[LogitsRule], scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
+    for rule in rules:
+        rule(scores, step, held)
