@@ -30,6 +30,7 @@ from realtime.config import EngineConfig
 from realtime.engine import Engine
 from realtime.events import Done
 from realtime.logs import configure_logging
+from tests.engine_events import listen
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec, build_tiny_voxtral
 from voxtral.loading import load_model
 
@@ -50,13 +51,7 @@ def run_engine(path: Path, audio: np.ndarray, sessions: int, device: str, in_fli
     loaded = load_model(str(path), device, "float32", max_sessions=sessions)
     loaded.runner.max_steps_in_flight = in_flight
     engine = Engine(loaded.runner, EngineConfig(max_sessions=sessions))
-    events: dict[str, list] = {f"s{i}": [] for i in range(sessions)}
-
-    def route(batch: list) -> None:
-        for utterance_id, event in batch:
-            events[utterance_id].append(event)
-
-    engine.on_events = route
+    events = listen(engine, {f"s{i}": [] for i in range(sessions)})
     # Timed from the first audio handed over, as the baseline is: features, prompt and all.
     started = time.perf_counter()
     for utterance_id in events:

@@ -1,9 +1,7 @@
 import shutil
 import subprocess
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -11,9 +9,6 @@ import torch
 from hypothesis import settings
 
 from clients.audio import load_audio_file
-
-if TYPE_CHECKING:
-    from realtime.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "clients" / "samples"
@@ -35,18 +30,6 @@ def wait_for(condition, seconds: float = 60) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
-
-
-def listen(engine: "Engine") -> defaultdict[str, list]:
-    """Each utterance's events, by id, as the engine publishes them."""
-    events: defaultdict[str, list] = defaultdict(list)
-
-    def route(batch: list) -> None:
-        for utterance_id, event in batch:
-            events[utterance_id].append(event)
-
-    engine.on_events = route
-    return events
 
 
 def espeak(text: str, path: Path, voice: str = "en-us", rate: int = 150, gap: int = 0) -> np.ndarray:

@@ -9,7 +9,8 @@ import pytest
 from benchmarks.text import word_error_rate
 from realtime.engine import Engine
 from realtime.events import Delta, Done, Failed
-from tests.conftest import listen, wait_for
+from tests.conftest import wait_for
+from tests.engine_events import listen
 
 
 def test_abort_mid_stream_frees_everything(whisper_runner, welcome):

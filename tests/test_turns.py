@@ -13,7 +13,8 @@ from benchmarks.text import normalize_words, word_error_rate
 from realtime.config import ServerConfig
 from realtime.engine import Engine
 from realtime.events import Delta, Done, Interim, SpeechStarted, SpeechStopped
-from tests.conftest import espeak, listen
+from tests.conftest import espeak
+from tests.engine_events import listen
 from tests.server_harness import ServerThread, append_event
 from voxtral.vad import FRAME, Vad, VadStream
 

@@ -16,11 +16,11 @@ from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 from transformers import AutoProcessor
 
 from realtime.events import Delta, Done, Failed, SpeechStopped, TurnEnded
-from tests.conftest import listen, wait_for
+from tests.conftest import wait_for
+from tests.engine_events import listen
 from tests.voxtral_harness import (
     Feed,
     drive,
-    listen_feeds,
     pcm16_grid,
     pieces,
     reference_text,
@@ -54,7 +54,7 @@ def test_abort_mid_stream_frees_everything_and_the_other_session_is_unaffected(v
     kept = Feed(pieces(kept_audio, "80ms"))
     aborted = Feed(pieces(noise(4.0, seed=2), "80ms"))
     feeds = {"kept": kept, "aborted": aborted}
-    listen_feeds(engine, feeds)
+    listen(engine, {u: feed.events for u, feed in feeds.items()})
     for _ in range(30):  # both sessions well into decoding
         for utterance_id, feed in feeds.items():
             if feed.request is None:
@@ -222,7 +222,7 @@ def test_a_failed_device_step_fails_its_sessions_frees_them_and_the_engine_carri
 def test_a_full_slot_pool_refuses_an_utterance_at_once(voxtral_dirs):
     engine = voxtral_engine(voxtral_dirs["base"], max_sessions=1)
     first, second = Feed(pieces(noise(1.0, seed=7), "whole")), Feed([])
-    listen_feeds(engine, {"first": first, "second": second})
+    listen(engine, {"first": first.events, "second": second.events})
     engine.add_utterance("first")
     engine.add_utterance("second")
     started = time.monotonic()

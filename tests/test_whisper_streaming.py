@@ -10,7 +10,8 @@ from benchmarks.text import whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
 from realtime.engine import Engine
 from realtime.events import Delta, Done
-from tests.conftest import espeak, listen
+from tests.conftest import espeak
+from tests.engine_events import listen
 from voxtral.runner import Transcription
 from voxtral.whisper.runner import WhisperRunner
 

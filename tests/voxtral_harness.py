@@ -13,6 +13,7 @@ from realtime.config import EngineConfig
 from realtime.engine import Engine
 from realtime.events import Delta, Done, Failed
 from scheduler import Request
+from tests.engine_events import listen
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec
 from voxtral.audio import SAMPLE_RATE
 from voxtral.loading import load_model
@@ -148,20 +149,9 @@ def pieces(audio: np.ndarray, chunking: str, seed: int = 0) -> list[np.ndarray]:
     return np.split(audio, cuts[:-1])
 
 
-def listen_feeds(engine: Engine, feeds: dict[str, Feed]) -> None:
-    """Each feed gets its utterance's events (an utterance no feed holds: dropped)."""
-
-    def route(batch: list) -> None:
-        for utterance_id, event in batch:
-            if (feed := feeds.get(utterance_id)) is not None:
-                feed.events.append(event)
-
-    engine.on_events = route
-
-
 def drive(engine: Engine, feeds: dict[str, Feed], max_steps: int = 100_000) -> None:
     """Step the engine on this thread, one client piece per session per step, until all are done."""
-    listen_feeds(engine, feeds)
+    listen(engine, {u: feed.events for u, feed in feeds.items()})
     for step in range(max_steps):
         for utterance_id, feed in feeds.items():
             if step == feed.start_step and feed.request is None:

@@ -56,11 +56,14 @@ class Item:
 
     id: str
     start_ms: int  # where its audio begins, on the session's clock
-    end_ms: int | None = None  # where it ends, once committed
-    committed: bool = False  # `input_audio_buffer.committed` went out
+    end_ms: int | None = None  # where it ends, once committed (`input_audio_buffer.committed` went out)
     cleared: bool = False  # its audio was cleared: none of its text goes out
     deltas: list[str] = field(default_factory=list)
     words: list[TimedWord] | None = None  # the deltas' words, where the session asked for logprobs
+
+    @property
+    def committed(self) -> bool:
+        return self.end_ms is not None
 
 
 class OpenAISession:
@@ -180,7 +183,7 @@ class OpenAISession:
     def _end_item(self, end_ms: int) -> None:
         """The input buffer's item is committed: its audio ends at `end_ms`."""
         item = self.items[self.utterance][-1]
-        item.committed, item.end_ms = True, end_ms
+        item.end_ms = end_ms
         self.connection.send(
             dump("input_audio_buffer.committed", item_id=item.id, previous_item_id=self.previous_item)
         )

@@ -1,0 +1,18 @@
+"""An engine's events as tests and benchmarks read them: a list per utterance."""
+
+from collections import defaultdict
+
+from realtime.engine import Engine
+
+
+def listen(engine: Engine, lists: dict[str, list] | None = None) -> defaultdict[str, list]:
+    """Each utterance's events, by id, as the engine publishes them; into `lists`' own lists
+    for the utterances it names."""
+    events: defaultdict[str, list] = defaultdict(list, lists or {})
+
+    def route(batch: list) -> None:
+        for utterance_id, event in batch:
+            events[utterance_id].append(event)
+
+    engine.on_events = route
+    return events
