@@ -1,13 +1,22 @@
-"""What both wire protocols share: a client mistake, and audio as base64 PCM16."""
+"""What both wire protocols share: client events parsed once into typed events, a client
+mistake as the wire's error code, audio as base64 PCM16."""
 
 import base64
 import binascii
 import json
+from collections.abc import Mapping
+from typing import Annotated, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
+from pydantic_core import PydanticCustomError
 
 from voxtral.audio import pcm16_to_float32
 from voxtral.runner import ModelRunner, Transcription
+
+# A validation error of one of these types carries its wire code; any other is `invalid_event`
+# for a field of the event itself and `invalid_value` for a value nested in one.
+WIRE_CODES = ("invalid_event", "invalid_value", "invalid_audio")
 
 
 class ProtocolError(Exception):
@@ -20,18 +29,53 @@ class ProtocolError(Exception):
         self.event_id = event_id  # the client's, where its protocol has one
 
 
-def decode_audio(text: str) -> np.ndarray:
+class ClientEvent(BaseModel):
+    """A client event as its wire defines it: a field of the wrong type is an error (no
+    coercion: `"yes"` is not a bool), a field the wire does not know is ignored."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+
+def _pcm16(value: object) -> np.ndarray:
+    if not isinstance(value, str):
+        raise PydanticCustomError("invalid_event", "must be a string of base64 PCM16")
     try:
-        data = base64.b64decode(text, validate=True)
+        data = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ProtocolError("invalid_audio", f"audio is not valid base64: {exc}") from exc
+        raise PydanticCustomError(
+            "invalid_audio", "audio is not valid base64: {why}", {"why": str(exc)}
+        ) from None
     try:
         return pcm16_to_float32(data)
     except ValueError as exc:
-        raise ProtocolError("invalid_audio", str(exc)) from exc
+        raise PydanticCustomError("invalid_audio", "{why}", {"why": str(exc)}) from None
 
 
-def load_event(message: str | bytes) -> dict:
+Pcm16 = Annotated[np.ndarray, PlainValidator(_pcm16)]  # base64 PCM16 on the wire, float32 samples once parsed
+
+Event = TypeVar("Event", bound=ClientEvent)
+
+
+def parse_event(message: str | bytes, events: Mapping[str, type[Event]], unknown_code: str) -> Event:
+    """A client event parsed into its wire's typed event, or the `ProtocolError` that says
+    why not (with the client's `event_id`, where it sent one)."""
+    event = _load(message)
+    kind, event_id = event["type"], event.get("event_id")
+    event_id = event_id if isinstance(event_id, str) else None
+    if (model := events.get(kind)) is None:
+        raise ProtocolError(unknown_code, f"Unknown or unsupported event type: {kind[:200]}", event_id)
+    try:
+        return model.model_validate(event)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        code = error["type"]
+        if code not in WIRE_CODES:
+            code = "invalid_event" if len(error["loc"]) <= 1 else "invalid_value"
+        where = ".".join(str(part) for part in error["loc"])
+        raise ProtocolError(code, f"{kind}: {where}: {error['msg']}", event_id) from None
+
+
+def _load(message: str | bytes) -> dict:
     """A client event as a JSON object with a string `type`, or the error that says why not."""
     if isinstance(message, bytes):
         raise ProtocolError("invalid_event", "binary frames are not supported: send JSON text frames")

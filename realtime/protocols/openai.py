@@ -26,9 +26,10 @@ from realtime.events import (
     SpeechStopped,
     TurnEnded,
 )
-from realtime.protocols.common import ProtocolError, decode_audio, transcription
+from realtime.protocols.common import ProtocolError, transcription
 from realtime.protocols.openai_wire import (
     Append,
+    BetaUpdate,
     Clear,
     Commit,
     ServerVad,
@@ -66,6 +67,15 @@ class Item:
         return self.end_ms is not None
 
 
+@dataclass
+class Turns:
+    """An engine utterance of the session, until done or failed: one item per turn."""
+
+    start_ms: int  # where its audio begins, on the session's clock
+    items: deque[Item] = field(default_factory=deque)  # those whose text is still coming, in order
+    language: str | None = None  # what a multilingual model detected
+
+
 class OpenAISession:
     def __init__(self, connection: "Connection") -> None:
         self.connection = connection
@@ -77,11 +87,8 @@ class OpenAISession:
         self.utterance: str | None = None  # the one receiving audio; its last item is the input buffer
         self.buffered_samples = 0  # in the input buffer, at 16 kHz
         self.session_samples = 0  # all audio of the session, at 16 kHz: the clock of audio_*_ms
-        # Per utterance until done or failed: its items whose text is still coming, in order.
-        self.items: dict[str, deque[Item]] = {}
-        self.start_ms: dict[str, int] = {}  # per utterance, where its audio begins on the session's clock
+        self.turns: dict[str, Turns] = {}  # per utterance
         self.previous_item: str | None = None
-        self.languages: dict[str, str] = {}  # utterance -> the language the model detected
 
     def _resampler(self) -> soxr.ResampleStream | None:
         return None if self.rate == SAMPLE_RATE else soxr.ResampleStream(self.rate, SAMPLE_RATE, 1, "float32")
@@ -97,16 +104,17 @@ class OpenAISession:
         return error(code, message)
 
     def handle(self, message: str | bytes) -> None:
-        event_id = None
+        event_id = None  # the client's, for an error about its event
         try:
-            event, event_id = parse(message)
-            if isinstance(event, Update):
-                self._update(event.settings, event_id)
+            event = parse(message)
+            event_id = event.event_id
+            if isinstance(event, Update | BetaUpdate):
+                self._update(event.session.settings())
             elif isinstance(event, Append):
                 if not self.connection.draining:  # the server ended the turn: no new one starts
-                    self._append(decode_audio(event.audio))
+                    self._append(event.audio)
             elif isinstance(event, Commit):
-                self._commit(event_id)
+                self._commit()
             elif isinstance(event, Clear):
                 if self.utterance is not None:
                     self._clear(self.utterance)
@@ -116,18 +124,17 @@ class OpenAISession:
             self.connection.count_error(exc.code, exc.message)
             self.connection.send(error(exc.code, exc.message, exc.event_id or event_id))
 
-    def _update(self, update: TranscriptionSettings, event_id: str | None) -> None:
+    def _update(self, update: TranscriptionSettings) -> None:
         served = self.connection.model
         if update.model is not None and update.model not in served.names:
             if served.strict_model:
-                raise ProtocolError("unknown_model", f"unknown model {update.model!r}", event_id)
+                raise ProtocolError("unknown_model", f"unknown model {update.model!r}")
             self.connection.log.warning("session.model_substituted", requested=update.model[:200])
         if update.rate is not None and update.rate != self.rate:
             if self.buffered_samples:
                 raise ProtocolError(
                     "invalid_value",
                     "the audio format cannot change while the input buffer holds audio",
-                    event_id,
                 )
             self.rate = update.rate
             self.resampler = self._resampler()
@@ -150,8 +157,7 @@ class OpenAISession:
             runner, settings = self.connection.engine.runner, self.settings
             asked = transcription(runner, settings.language, None, settings.prompt, bool(settings.logprobs))
             self.utterance = self.connection.start_utterance(vad or None, asked)
-            self.start_ms[self.utterance] = self._clock_ms()
-            self.items[self.utterance] = deque()
+            self.turns[self.utterance] = Turns(self._clock_ms())
             self._new_item(self._clock_ms())
         self._buffer(samples)
 
@@ -161,7 +167,7 @@ class OpenAISession:
     def _new_item(self, start_ms: int) -> None:
         """The input buffer's next item, receiving the audio from `start_ms` on."""
         words = [] if self.settings.logprobs else None
-        self.items[self.utterance].append(Item(new_id("item"), start_ms, words=words))
+        self.turns[self.utterance].items.append(Item(new_id("item"), start_ms, words=words))
 
     def _buffer(self, samples: np.ndarray) -> None:
         """16 kHz audio into the input buffer, on the session's clock."""
@@ -169,11 +175,9 @@ class OpenAISession:
         self.buffered_samples += len(samples)
         self.session_samples += len(samples)
 
-    def _commit(self, event_id: str | None) -> None:
+    def _commit(self) -> None:
         if self.utterance is None or not self.buffered_samples:
-            raise ProtocolError(
-                "input_audio_buffer_commit_empty", "the input audio buffer is empty", event_id
-            )
+            raise ProtocolError("input_audio_buffer_commit_empty", "the input audio buffer is empty")
         if self.resampler is not None:  # what it still holds belongs to this item
             self._buffer(self.resampler.resample_chunk(np.zeros(0, np.float32), last=True))
             self.resampler = self._resampler()
@@ -182,7 +186,7 @@ class OpenAISession:
 
     def _end_item(self, end_ms: int) -> None:
         """The input buffer's item is committed: its audio ends at `end_ms`."""
-        item = self.items[self.utterance][-1]
+        item = self.turns[self.utterance].items[-1]
         item.end_ms = end_ms
         self.connection.send(
             dump("input_audio_buffer.committed", item_id=item.id, previous_item_id=self.previous_item)
@@ -200,7 +204,7 @@ class OpenAISession:
     def _clear(self, utterance: str) -> None:
         """The input buffer's audio goes unheard: its utterance is aborted, or finished for the
         items committed before it, whose text is still coming."""
-        items = self.items[utterance]
+        items = self.turns[utterance].items
         if len(items) == 1:
             self.connection.abort(utterance)
             self._forget(utterance)
@@ -210,11 +214,12 @@ class OpenAISession:
             self._stop_receiving()
 
     def on_event(self, utterance: str, event: EngineEvent) -> None:
-        items = self.items[utterance]
+        turns = self.turns[utterance]
+        items = turns.items
         if isinstance(event, SpeechStarted | SpeechStopped):
             if self.vad is None or utterance != self.utterance:
                 return  # turn events are server VAD's, and only for the turn being spoken
-            item, at = items[-1], self.start_ms[utterance] + event.audio_ms
+            item, at = items[-1], turns.start_ms + event.audio_ms
             if isinstance(event, SpeechStarted):
                 start = max(item.start_ms, at - self.vad.prefix_padding_ms)
                 self.connection.send(
@@ -227,7 +232,7 @@ class OpenAISession:
                 self._end_item(at)
                 self._new_item(at)
         elif isinstance(event, LanguageDetected):
-            self.languages[utterance] = event.language
+            turns.language = event.language
         elif isinstance(event, Delta):
             item = items[0]
             item.deltas.append(event.text)
@@ -237,25 +242,24 @@ class OpenAISession:
                 self._transcription("delta", item.id, delta=event.text, **self._logprobs(event.words))
         elif isinstance(event, TurnEnded):
             if len(items) > 1:  # the turn's item was committed at its end; the last is still open
-                self._complete(utterance, items.popleft())
+                self._complete(turns, items.popleft())
         elif isinstance(event, Done):
             for item in items:
                 if item.committed or item.deltas:
-                    self._complete(utterance, item)
+                    self._complete(turns, item)
             self._forget(utterance)
         elif isinstance(event, Failed):
             self._forget(utterance)
             self.connection.send(error(event.code, event.message, server=True))
 
-    def _complete(self, utterance: str, item: Item) -> None:
+    def _complete(self, turns: Turns, item: Item) -> None:
         if item.cleared:
             return
         end_ms = self._clock_ms() if item.end_ms is None else item.end_ms
         usage = {"type": "duration", "seconds": round((end_ms - item.start_ms) / 1000, 3)}
         transcript = "".join(item.deltas)
         # `language` (voxrt's extension): what a multilingual model detected, when not set.
-        language = self.languages.get(utterance)
-        detected = {"language": language} if language else {}
+        detected = {"language": turns.language} if turns.language else {}
         self._transcription(
             "completed", item.id, transcript=transcript, usage=usage, **detected, **self._logprobs(item.words)
         )
@@ -271,7 +275,6 @@ class OpenAISession:
         self.connection.send(dump(name, item_id=item_id, content_index=0, **fields))
 
     def _forget(self, utterance: str) -> None:
-        del self.items[utterance], self.start_ms[utterance]
-        self.languages.pop(utterance, None)
+        del self.turns[utterance]
         if utterance == self.utterance:  # failed while receiving audio
             self.utterance, self.buffered_samples = None, 0

@@ -7,19 +7,49 @@ Shapes follow the openai Python SDK's `types/realtime` (GA `session.update` with
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Annotated, Literal, get_args
 
-from realtime.protocols.common import ProtocolError, load_event
+from pydantic import BaseModel, ConfigDict, Field
+
+from realtime.protocols.common import ClientEvent, Pcm16, parse_event
 from voxtral.runner import TimedWord
 
-INPUT_RATES = (24000, 16000)  # OpenAI's PCM is 24 kHz; 16 kHz is voxrt's extension
-LOGPROBS = "item.input_audio_transcription.logprobs"  # the one `include` a transcription session has
+Include = list[Literal["item.input_audio_transcription.logprobs"]]  # the one a transcription session has
+LOGPROBS: str = get_args(get_args(Include)[0])[0]
 
 
-@dataclass
-class ServerVad:
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
+class Settings(BaseModel):
+    """An object inside a client event: as strict as the event, unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+
+class ServerVad(Settings):
+    type: Literal["server_vad"] = "server_vad"
+    threshold: Annotated[float, Field(ge=0, le=1)] = 0.5
+    prefix_padding_ms: Annotated[int, Field(ge=0, le=10_000)] = 300
+    silence_duration_ms: Annotated[int, Field(ge=0, le=10_000)] = 500
+
+
+class AudioFormat(Settings):
+    type: Literal["audio/pcm"] = "audio/pcm"
+    rate: Literal[24000, 16000] = 24000  # OpenAI's PCM is 24 kHz; 16 kHz is voxrt's extension
+
+
+class InputTranscription(Settings):
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
+class AudioInput(Settings):
+    format: AudioFormat | None = None
+    transcription: InputTranscription | None = None
+    turn_detection: ServerVad | None = None  # null turns it off; absent leaves it as it is
+
+
+class Audio(Settings):
+    input: AudioInput | None = None
 
 
 @dataclass
@@ -35,142 +65,90 @@ class TranscriptionSettings:
     logprobs: bool | None = None  # `include` names LOGPROBS: deltas and completed carry them
 
 
-@dataclass
-class Append:
-    audio: str  # base64 PCM16 at the session's rate
+class Session(Settings):
+    """`session.update`'s session (the GA form)."""
+
+    type: Literal["transcription"] = "transcription"  # voxrt serves transcription sessions only
+    audio: Audio | None = None
+    include: Include | None = None
+
+    def settings(self) -> TranscriptionSettings:
+        audio_input = (self.audio and self.audio.input) or AudioInput()
+        rate = audio_input.format.rate if audio_input.format else None
+        return _settings(rate, audio_input.transcription, audio_input, self.include)
 
 
-@dataclass
-class Commit:
+class BetaSession(Settings):
+    """`transcription_session.update`'s session (the older beta form)."""
+
+    input_audio_format: Literal["pcm16"] | None = None
+    input_audio_transcription: InputTranscription | None = None
+    turn_detection: ServerVad | None = None
+    include: Include | None = None
+
+    def settings(self) -> TranscriptionSettings:
+        rate = 24000 if self.input_audio_format else None
+        return _settings(rate, self.input_audio_transcription, self, self.include)
+
+
+def _settings(
+    rate: int | None,
+    transcription: InputTranscription | None,
+    turns: AudioInput | BetaSession,
+    include: Include | None,
+) -> TranscriptionSettings:
+    """The settings an update names; `turns` holds its turn_detection, named or not."""
+    transcription = transcription or InputTranscription()
+    return TranscriptionSettings(
+        rate=rate,
+        model=transcription.model,
+        language=transcription.language,
+        prompt=transcription.prompt,
+        turn_detection=turns.turn_detection,
+        set_turn_detection="turn_detection" in turns.model_fields_set,
+        logprobs=None if include is None else bool(include),
+    )
+
+
+class OpenAIEvent(ClientEvent):
+    event_id: str | None = None  # the client's, echoed in an error about the event
+
+
+class Append(OpenAIEvent):
+    audio: Pcm16  # at the session's rate
+
+
+class Commit(OpenAIEvent):
     pass
 
 
-@dataclass
-class Clear:
+class Clear(OpenAIEvent):
     pass
 
 
-@dataclass
-class Update:
-    settings: TranscriptionSettings
+class Update(OpenAIEvent):
+    session: Session = Session()
+
+
+class BetaUpdate(OpenAIEvent):
+    session: BetaSession = BetaSession()
+
+
+EVENTS = {
+    "input_audio_buffer.append": Append,
+    "input_audio_buffer.commit": Commit,
+    "input_audio_buffer.clear": Clear,
+    "session.update": Update,
+    "transcription_session.update": BetaUpdate,
+}
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def _object(value: object, where: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ProtocolError("invalid_value", f"{where} must be an object")
-    return value
-
-
-def _number(obj: dict, name: str, kind: type, where: str, low: float, high: float):
-    value = obj.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ProtocolError("invalid_value", f"{where}.{name} must be a number in [{low:g}, {high:g}]")
-    return kind(value)
-
-
-def _turn_detection(value: object, where: str) -> ServerVad | None:
-    if value is None:
-        return None
-    value = _object(value, where)
-    if value.get("type") != "server_vad":
-        raise ProtocolError(
-            "invalid_value", f"{where}.type {value.get('type')!r} is not supported: use server_vad or null"
-        )
-    vad = ServerVad()
-    for name, kind, high in (
-        ("threshold", float, 1.0),
-        ("prefix_padding_ms", int, 10_000),
-        ("silence_duration_ms", int, 10_000),
-    ):
-        if (number := _number(value, name, kind, where, 0, high)) is not None:
-            setattr(vad, name, number)
-    return vad
-
-
-def _transcription(settings: TranscriptionSettings, value: object, where: str) -> None:
-    value = _object(value, where)
-    for name in ("model", "language", "prompt"):
-        if (text := value.get(name)) is not None and not isinstance(text, str):
-            raise ProtocolError("invalid_value", f"{where}.{name} must be a string")
-        setattr(settings, name, text)
-
-
-def _include(value: object) -> bool | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or any(name != LOGPROBS for name in value):
-        raise ProtocolError("invalid_value", f"session.include must be a list of {LOGPROBS!r} or empty")
-    return bool(value)
-
-
-def _settings(kind: str, session: dict) -> TranscriptionSettings:
-    settings = TranscriptionSettings(logprobs=_include(session.get("include")))
-    if kind == "transcription_session.update":  # the beta form
-        if (fmt := session.get("input_audio_format")) not in (None, "pcm16"):
-            raise ProtocolError("invalid_value", f"input_audio_format {fmt!r} is not supported: use pcm16")
-        settings.rate = 24000 if fmt else None
-        _transcription(
-            settings, session.get("input_audio_transcription"), "session.input_audio_transcription"
-        )
-        if "turn_detection" in session:
-            settings.set_turn_detection = True
-            settings.turn_detection = _turn_detection(session["turn_detection"], "session.turn_detection")
-        return settings
-    if session.get("type", "transcription") != "transcription":
-        raise ProtocolError(
-            "invalid_value", "voxrt serves transcription sessions only: set session.type to transcription"
-        )
-    audio_input = _object(_object(session.get("audio"), "session.audio").get("input"), "session.audio.input")
-    if (fmt := audio_input.get("format")) is not None:
-        fmt = _object(fmt, "session.audio.input.format")
-        rate = fmt.get("rate", 24000)
-        if fmt.get("type", "audio/pcm") != "audio/pcm" or rate not in INPUT_RATES:
-            raise ProtocolError(
-                "invalid_value", "session.audio.input.format: voxrt takes audio/pcm at 24000 (or 16000) Hz"
-            )
-        settings.rate = rate
-    _transcription(settings, audio_input.get("transcription"), "session.audio.input.transcription")
-    if "turn_detection" in audio_input:
-        settings.set_turn_detection = True
-        settings.turn_detection = _turn_detection(
-            audio_input["turn_detection"], "session.audio.input.turn_detection"
-        )
-    return settings
-
-
-def parse(message: str | bytes) -> tuple[Append | Commit | Clear | Update, str | None]:
-    """A client event and its `event_id` (echoed in an error about it)."""
-    event = load_event(message)
-    kind, event_id = event["type"], event.get("event_id")
-    event_id = event_id if isinstance(event_id, str) else None
-    try:
-        if kind == "input_audio_buffer.append":
-            audio = event.get("audio")
-            if not isinstance(audio, str):
-                raise ProtocolError(
-                    "invalid_event", "input_audio_buffer.append: missing string field 'audio'"
-                )
-            return Append(audio), event_id
-        if kind == "input_audio_buffer.commit":
-            return Commit(), event_id
-        if kind == "input_audio_buffer.clear":
-            return Clear(), event_id
-        if kind in ("session.update", "transcription_session.update"):
-            return Update(_settings(kind, _object(event.get("session"), "session"))), event_id
-    except ProtocolError as exc:
-        exc.event_id = event_id
-        raise
-    error = ProtocolError("invalid_event", f"Unknown or unsupported event type: {kind[:200]}")
-    error.event_id = event_id
-    raise error
+def parse(message: str | bytes) -> OpenAIEvent:
+    return parse_event(message, EVENTS, "invalid_event")
 
 
 def is_openai_event(message: str | bytes) -> bool:
@@ -195,7 +173,7 @@ def session_object(
 ) -> dict:
     turn_detection = None
     if vad is not None:
-        turn_detection = {"type": "server_vad", **vad.__dict__}
+        turn_detection = vad.model_dump()
     return {
         "type": "transcription",
         "object": "realtime.transcription_session",

@@ -2,13 +2,10 @@
 
 import json
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from realtime.events import Delta, Done, EngineEvent, Failed, Interim, LanguageDetected
-from realtime.protocols.common import ProtocolError, decode_audio, load_event, transcription
+from realtime.protocols.common import ClientEvent, Pcm16, ProtocolError, parse_event, transcription
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.openai_wire import is_openai_event
 from voxtral.runner import TimedWord, Transcription
@@ -17,57 +14,28 @@ if TYPE_CHECKING:
     from realtime.connection import Connection
 
 
-@dataclass
-class SessionUpdate:
-    model: str | None
-    interim: bool | None  # voxrt's extension: also send `transcription.interim`
-    language: str | None  # voxrt's extension, for multilingual models; None: detected
-    task: str | None  # voxrt's extension: "transcribe" or "translate"
-    prompt: str | None  # text said before: names, terms, spelling
-    word_timestamps: bool | None  # voxrt's extension: deltas and done carry their words, timed
+class SessionUpdate(ClientEvent):
+    model: str | None = None
+    interim: bool | None = None  # voxrt's extension: also send `transcription.interim`
+    language: str | None = None  # voxrt's extension, for multilingual models; None: detected
+    task: str | None = None  # voxrt's extension: "transcribe" or "translate"
+    prompt: str | None = None  # text said before: names, terms, spelling
+    word_timestamps: bool | None = None  # voxrt's extension: deltas and done carry their words, timed
 
 
-@dataclass
-class AudioAppend:
-    samples: np.ndarray
+class AudioAppend(ClientEvent):
+    audio: Pcm16
 
 
-@dataclass
-class Commit:
-    final: bool
+class Commit(ClientEvent):
+    final: bool | None = None  # the input ends: `transcription.done` follows
 
 
-ClientEvent = SessionUpdate | AudioAppend | Commit
-
-
-def _field(event: dict, name: str, kind: type | tuple[type, ...], required: bool):
-    value = event.get(name)
-    if value is None:
-        if required:
-            raise ProtocolError("invalid_event", f"{event['type']}: missing field {name!r}")
-        return None
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise ProtocolError("invalid_event", f"{event['type']}: field {name!r} has the wrong type")
-    return value
-
-
-def parse_client_event(message: str | bytes) -> ClientEvent:
-    event = load_event(message)
-    kind = event["type"]
-    if kind == "input_audio_buffer.append":
-        return AudioAppend(decode_audio(_field(event, "audio", str, required=True)))
-    if kind == "input_audio_buffer.commit":
-        return Commit(bool(_field(event, "final", bool, required=False)))
-    if kind == "session.update":
-        return SessionUpdate(
-            _field(event, "model", str, required=False),
-            _field(event, "interim", bool, False),
-            _field(event, "language", str, False),
-            _field(event, "task", str, False),
-            _field(event, "prompt", str, False),
-            _field(event, "word_timestamps", bool, False),
-        )
-    raise ProtocolError("unknown_event", f"Unknown event type: {kind[:200]}")
+EVENTS = {
+    "session.update": SessionUpdate,
+    "input_audio_buffer.append": AudioAppend,
+    "input_audio_buffer.commit": Commit,
+}
 
 
 def _dump(event: dict) -> str:
@@ -126,6 +94,7 @@ class VllmSession:
         self.interim = False  # the client asked for `transcription.interim`
         # language, task, prompt and word times of the utterances to come
         self.transcription = Transcription()
+        self.first_event = True
 
     def opened(self) -> None:
         self.connection.send(
@@ -138,13 +107,15 @@ class VllmSession:
         return error(code, message)
 
     def handle(self, message: str | bytes) -> None:
-        if not self.connection.num_utterances and is_openai_event(message):
-            # An OpenAI client on a URL that did not say so: its first event picks the protocol.
-            self.connection.wire = OpenAISession(self.connection)
-            self.connection.wire.handle(message)
-            return
+        if self.first_event:
+            self.first_event = False
+            if is_openai_event(message):
+                # An OpenAI client on a URL that did not say so: its first event picks the protocol.
+                self.connection.wire = OpenAISession(self.connection)
+                self.connection.wire.handle(message)
+                return
         try:
-            event = parse_client_event(message)
+            event = parse_event(message, EVENTS, "unknown_event")
             if isinstance(event, SessionUpdate):
                 self._update(event)
             elif isinstance(event, AudioAppend):
@@ -152,7 +123,7 @@ class VllmSession:
                     return  # the server ended the input; the client will hear `transcription.done`
                 if self.utterance in self.connection.finishing:
                     raise ProtocolError("input_finished", "audio after the final commit: wait for done")
-                self.connection.add_audio(self._running(), event.samples)
+                self.connection.add_audio(self._running(), event.audio)
             else:
                 if self.connection.draining:  # every input has ended: a commit starts nothing
                     if self.utterance is None:
