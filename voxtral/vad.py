@@ -44,7 +44,8 @@ class VadConfig:
 
 @dataclass
 class VadStream:
-    """One utterance's VAD: its settings, the network's state, unread audio and the turn being tracked."""
+    """One utterance's VAD: its settings, the network's state, unread audio and the turn being
+    tracked. The engine thread owns it (`Utterances.append` feeds it, `Vad.run` reads it)."""
 
     config: VadConfig = field(default_factory=VadConfig)
     state: torch.Tensor = field(default_factory=lambda: torch.zeros(2, 1, 128))
