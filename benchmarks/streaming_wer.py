@@ -26,7 +26,7 @@ from benchmarks.speech import passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
 from realtime.engine import Engine
-from realtime.events import Done
+from realtime.events import Done, EngineEvent
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import Transcription
@@ -34,11 +34,11 @@ from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.runner import WhisperRunner
 
 
-def streamed(
+def streamed_events(
     engine: Engine, audio: np.ndarray, step_samples: int, transcription: Transcription = Transcription()
-) -> Done:
-    """`audio` through `engine` with no clock, `step_samples` per step: what it finally said."""
-    events: list = []
+) -> list[EngineEvent]:
+    """`audio` through `engine` with no clock, `step_samples` per step: its events, to `Done`."""
+    events: list[EngineEvent] = []
     engine.on_events = lambda batch: events.extend(event for _, event in batch)
     engine.add_utterance("u", transcription=transcription)
     for offset in range(0, len(audio), step_samples):
@@ -47,7 +47,14 @@ def streamed(
     engine.finish_input("u")
     while not any(isinstance(e, Done) for e in events):
         engine.run_once()
-    return next(e for e in events if isinstance(e, Done))
+    return events
+
+
+def streamed(
+    engine: Engine, audio: np.ndarray, step_samples: int, transcription: Transcription = Transcription()
+) -> Done:
+    """What `audio` streamed through `engine` with no clock finally said."""
+    return next(e for e in streamed_events(engine, audio, step_samples, transcription) if isinstance(e, Done))
 
 
 def clips(
