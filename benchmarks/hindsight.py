@@ -20,7 +20,6 @@ import difflib
 import json
 import math
 
-import numpy as np
 import torch
 
 from benchmarks.real_speech import pieces, real_passages
@@ -90,7 +89,7 @@ def main() -> None:
         texts = [text_at_lag(model, p, lag, args.grid, c) for p, c in zip(passages, caches, strict=True)]
         by_lag[f"{lag:g}"] = mean_wer(whisper_wer, references, texts)
     offline = mean_wer(whisper_wer, references, offline_texts(model, [p.audio for p in passages]))
-    words = int(np.sum([len(p.words) for p in passages]))
+    words = sum(len(p.words) for p in passages)
     print(json.dumps({"model": "whisper-tiny.en int8", "passages": len(passages), "words": words,
                       "offline_wer": offline, "wer_by_lag": by_lag}))  # fmt: skip
 

@@ -29,9 +29,10 @@ class ProtocolError(Exception):
         self.event_id = event_id  # the client's, where its protocol has one
 
 
-class ClientEvent(BaseModel):
-    """A client event as its wire defines it: a field of the wrong type is an error (no
-    coercion: `"yes"` is not a bool), a field the wire does not know is ignored."""
+class WireObject(BaseModel):
+    """What a client sends, an event or an object inside one, as its wire defines it: a field
+    of the wrong type is an error (no coercion: `"yes"` is not a bool), a field the wire does
+    not know is ignored."""
 
     model_config = ConfigDict(strict=True, frozen=True)
 
@@ -53,7 +54,7 @@ def _pcm16(value: object) -> np.ndarray:
 
 Pcm16 = Annotated[np.ndarray, PlainValidator(_pcm16)]  # base64 PCM16 on the wire, float32 samples once parsed
 
-Event = TypeVar("Event", bound=ClientEvent)
+Event = TypeVar("Event", bound=WireObject)
 
 
 def parse_event(message: str | bytes, events: Mapping[str, type[Event]], unknown_code: str) -> Event:

@@ -9,46 +9,40 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from realtime.protocols.common import ClientEvent, Pcm16, parse_event
+from realtime.protocols.common import Pcm16, WireObject, parse_event
 from voxtral.runner import TimedWord
 
 Include = list[Literal["item.input_audio_transcription.logprobs"]]  # the one a transcription session has
 LOGPROBS: str = get_args(get_args(Include)[0])[0]
 
 
-class Settings(BaseModel):
-    """An object inside a client event: as strict as the event, unknown fields ignored."""
-
-    model_config = ConfigDict(strict=True, frozen=True)
-
-
-class ServerVad(Settings):
+class ServerVad(WireObject):
     type: Literal["server_vad"] = "server_vad"
     threshold: Annotated[float, Field(ge=0, le=1)] = 0.5
     prefix_padding_ms: Annotated[int, Field(ge=0, le=10_000)] = 300
     silence_duration_ms: Annotated[int, Field(ge=0, le=10_000)] = 500
 
 
-class AudioFormat(Settings):
+class AudioFormat(WireObject):
     type: Literal["audio/pcm"] = "audio/pcm"
     rate: Literal[24000, 16000] = 24000  # OpenAI's PCM is 24 kHz; 16 kHz is voxrt's extension
 
 
-class InputTranscription(Settings):
+class InputTranscription(WireObject):
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
 
 
-class AudioInput(Settings):
+class AudioInput(WireObject):
     format: AudioFormat | None = None
     transcription: InputTranscription | None = None
     turn_detection: ServerVad | None = None  # null turns it off; absent leaves it as it is
 
 
-class Audio(Settings):
+class Audio(WireObject):
     input: AudioInput | None = None
 
 
@@ -65,7 +59,7 @@ class TranscriptionSettings:
     logprobs: bool | None = None  # `include` names LOGPROBS: deltas and completed carry them
 
 
-class Session(Settings):
+class Session(WireObject):
     """`session.update`'s session (the GA form)."""
 
     type: Literal["transcription"] = "transcription"  # voxrt serves transcription sessions only
@@ -78,7 +72,7 @@ class Session(Settings):
         return _settings(rate, audio_input.transcription, audio_input, self.include)
 
 
-class BetaSession(Settings):
+class BetaSession(WireObject):
     """`transcription_session.update`'s session (the older beta form)."""
 
     input_audio_format: Literal["pcm16"] | None = None
@@ -110,7 +104,7 @@ def _settings(
     )
 
 
-class OpenAIEvent(ClientEvent):
+class OpenAIEvent(WireObject):
     event_id: str | None = None  # the client's, echoed in an error about the event
 
 

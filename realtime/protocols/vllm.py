@@ -5,7 +5,7 @@ import time
 from typing import TYPE_CHECKING
 
 from realtime.events import Delta, Done, EngineEvent, Failed, Interim, LanguageDetected
-from realtime.protocols.common import ClientEvent, Pcm16, ProtocolError, parse_event, transcription
+from realtime.protocols.common import Pcm16, ProtocolError, WireObject, parse_event, transcription
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.openai_wire import is_openai_event
 from voxtral.runner import TimedWord, Transcription
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from realtime.connection import Connection
 
 
-class SessionUpdate(ClientEvent):
+class SessionUpdate(WireObject):
     model: str | None = None
     interim: bool | None = None  # voxrt's extension: also send `transcription.interim`
     language: str | None = None  # voxrt's extension, for multilingual models; None: detected
@@ -23,11 +23,11 @@ class SessionUpdate(ClientEvent):
     word_timestamps: bool | None = None  # voxrt's extension: deltas and done carry their words, timed
 
 
-class AudioAppend(ClientEvent):
+class AudioAppend(WireObject):
     audio: Pcm16
 
 
-class Commit(ClientEvent):
+class Commit(WireObject):
     final: bool | None = None  # the input ends: `transcription.done` follows
 
 
