@@ -4,15 +4,15 @@ Prints one JSON line. Streamed text is scored against the same model's offline d
 whole recording, which hears every word with all the audio after it: a word the model gets
 right only from what is said later (the Endgame reader's "heartily" is "hotly" until a second
 "heartily" is heard, seconds on) is one that a policy committing words a second after they
-are spoken cannot get right. For each word of the real-speech passages and each lag L
-(`--lags`), the served model decodes offline the audio from the start of the word's piece
-(the passage cut at quiet points into pieces of at most 28 s, as its words were timed) to the
-word's end plus L, and the word is what that decode says in its place (aligned on the
-passage's own timed words). The words so decided, joined, are the text at lag L; its WER
-against the reference says what the model knows of a word L after it. It is not a bound on
-streaming (a stream has the text before as its prompt, and its own windows), and the
-alignment can misplace a word at a piece's edge. Decodes are cached on a grid of `--grid`
-seconds (each word's time rounded up to it).
+are spoken cannot get right. For each word of the real-speech passages (`--speech
+synthetic`: the synthetic ones) and each lag L (`--lags`), the served model decodes offline
+the audio from the start of the word's piece (the passage cut at quiet points into pieces of
+at most 28 s, as its words were timed) to the word's end plus L, and the word is what that
+decode says in its place (aligned on the passage's own timed words). The words so decided,
+joined, are the text at lag L; its WER against the reference says what the model knows of a
+word L after it. It is not a bound on streaming (a stream has the text before as its prompt,
+and its own windows), and the alignment can misplace a word at a piece's edge. Decodes are
+cached on a grid of `--grid` seconds (each word's time rounded up to it).
 """
 
 import argparse
@@ -23,7 +23,7 @@ import math
 import torch
 
 from benchmarks.real_speech import pieces, real_passages
-from benchmarks.speech import Passage
+from benchmarks.speech import Passage, passage
 from benchmarks.text import mean_wer, normalize_words, whisper_wer
 from benchmarks.whisper_streaming import offline_texts
 from voxtral.audio import SAMPLE_RATE
@@ -76,12 +76,16 @@ def main() -> None:
     parser.add_argument("--passages", type=int, default=2, help="each holds all three recordings")
     parser.add_argument("--grid", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--speech", choices=("real", "synthetic"), default="real")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
     model = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32, int8=True)  # as served
     timing = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
-    passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], args.passages)
+    if args.speech == "real":
+        passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], args.passages)
+    else:
+        passages = [passage(timing, i) for i in range(args.passages)]
     references = [p.text for p in passages]
     caches: list[dict] = [{} for _ in passages]
     by_lag = {}
@@ -90,8 +94,8 @@ def main() -> None:
         by_lag[f"{lag:g}"] = mean_wer(whisper_wer, references, texts)
     offline = mean_wer(whisper_wer, references, offline_texts(model, [p.audio for p in passages]))
     words = sum(len(p.words) for p in passages)
-    print(json.dumps({"model": "whisper-tiny.en int8", "passages": len(passages), "words": words,
-                      "offline_wer": offline, "wer_by_lag": by_lag}))  # fmt: skip
+    print(json.dumps({"model": "whisper-tiny.en int8", "speech": args.speech, "passages": len(passages),
+                      "words": words, "offline_wer": offline, "wer_by_lag": by_lag}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Whether an OpenAI item's `completed` should re-decode its turn whole instead of joining its deltas.
 
-Prints one JSON line. The four real-speech passages (`benchmarks/real_speech.py`) are streamed
+Prints one JSON line. The four real-speech passages (`benchmarks/real_speech.py`; `--speech
+synthetic`: four synthetic ones) are streamed
 through the engine with the VAD on, with no clock (one step per `--step` seconds of audio, one
 thread: deterministic). Scored against the passages' reference text: the streamed text (what
 the deltas, and so today's `completed` transcripts, add up to), and each turn the VAD heard
@@ -17,6 +18,7 @@ import torch
 from transformers import WhisperFeatureExtractor
 
 from benchmarks.real_speech import real_passages
+from benchmarks.speech import passage
 from benchmarks.streaming_wer import streamed_events
 from benchmarks.text import mean_wer, whisper_wer
 from benchmarks.whisper_streaming import offline_texts
@@ -63,25 +65,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step", type=float, default=1.2, help="seconds of audio per step")
     parser.add_argument("--context", type=float, default=0.0)
+    parser.add_argument("--speech", choices=("real", "synthetic"), default="real")
     args = parser.parse_args()
     configure_logging("warning")
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
     model = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32, int8=True)  # as served
     timing = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
-    passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], 4)
+    if args.speech == "real":
+        passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], 4)
+    else:
+        passages = [passage(timing, i) for i in range(4)]
     streamed, whole = [], []
-    for passage in passages:
+    for p in passages:
         engine = Engine(WhisperRunner(model))
-        events = streamed_events(engine, passage.audio, round(args.step * SAMPLE_RATE))
+        events = streamed_events(engine, p.audio, round(args.step * SAMPLE_RATE))
         streamed.append(next(e for e in events if isinstance(e, Done)).text)
         starts = [e.audio_ms / 1000 for e in events if isinstance(e, SpeechStarted)]
         stops = [e.audio_ms / 1000 for e in events if isinstance(e, SpeechStopped)]
-        stops += [len(passage.audio) / SAMPLE_RATE] * (len(starts) - len(stops))
-        whole.append(redecoded(model, passage.audio, list(zip(starts, stops, strict=True)), args.context))
+        stops += [len(p.audio) / SAMPLE_RATE] * (len(starts) - len(stops))
+        whole.append(redecoded(model, p.audio, list(zip(starts, stops, strict=True)), args.context))
     references = [p.text for p in passages]
     print(json.dumps({
-        "model": "whisper-tiny.en int8", "step_s": args.step, "context_s": args.context,
+        "model": "whisper-tiny.en int8", "speech": args.speech, "step_s": args.step,
+        "context_s": args.context,
         "streamed_wer": mean_wer(whisper_wer, references, streamed),
         "turns_redecoded_wer": mean_wer(whisper_wer, references, whole),
         "offline_wer": mean_wer(whisper_wer, references, offline_texts(model, [p.audio for p in passages])),
