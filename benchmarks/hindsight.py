@@ -22,10 +22,10 @@ import math
 
 import torch
 
-from benchmarks.real_speech import pieces, real_passages
-from benchmarks.speech import Passage, passage
+from benchmarks.real_speech import pieces
+from benchmarks.speech import Passage
 from benchmarks.text import mean_wer, normalize_words, whisper_wer
-from benchmarks.whisper_streaming import offline_texts
+from benchmarks.whisper_streaming import offline_texts, speech_passages
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir
@@ -77,15 +77,13 @@ def main() -> None:
     parser.add_argument("--grid", type=float, default=0.2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--speech", choices=("real", "synthetic"), default="real")
+    parser.add_argument("--float32", action="store_true", help="the model unquantized (served: int8)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
-    model = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32, int8=True)  # as served
+    model = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32, int8=not args.float32)
     timing = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
-    if args.speech == "real":
-        passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], args.passages)
-    else:
-        passages = [passage(timing, i) for i in range(args.passages)]
+    passages = speech_passages(args.speech, model, timing, args.passages)
     references = [p.text for p in passages]
     caches: list[dict] = [{} for _ in passages]
     by_lag = {}
@@ -94,7 +92,8 @@ def main() -> None:
         by_lag[f"{lag:g}"] = mean_wer(whisper_wer, references, texts)
     offline = mean_wer(whisper_wer, references, offline_texts(model, [p.audio for p in passages]))
     words = sum(len(p.words) for p in passages)
-    print(json.dumps({"model": "whisper-tiny.en int8", "speech": args.speech, "passages": len(passages),
+    served = "float32" if args.float32 else "int8"
+    print(json.dumps({"model": f"whisper-tiny.en {served}", "speech": args.speech, "passages": len(passages),
                       "words": words, "offline_wer": offline, "wer_by_lag": by_lag}))  # fmt: skip
 
 

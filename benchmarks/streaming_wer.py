@@ -36,16 +36,19 @@ from voxtral.whisper.runner import WhisperRunner
 
 def streamed_events(
     engine: Engine, audio: np.ndarray, step_samples: int, transcription: Transcription = Transcription()
-) -> list[EngineEvent]:
-    """`audio` through `engine` with no clock, `step_samples` per step: its events, to `Done`."""
-    events: list[EngineEvent] = []
-    engine.on_events = lambda batch: events.extend(event for _, event in batch)
+) -> list[tuple[float, EngineEvent]]:
+    """`audio` through `engine` with no clock, `step_samples` per step: its events, to `Done`,
+    each with the seconds of audio sent when its step ran."""
+    events: list[tuple[float, EngineEvent]] = []
+    sent = 0
+    engine.on_events = lambda batch: events.extend((sent / SAMPLE_RATE, event) for _, event in batch)
     engine.add_utterance("u", transcription=transcription)
     for offset in range(0, len(audio), step_samples):
         engine.add_audio("u", audio[offset : offset + step_samples])
+        sent = min(len(audio), offset + step_samples)
         engine.run_once()
     engine.finish_input("u")
-    while not any(isinstance(e, Done) for e in events):
+    while not any(isinstance(e, Done) for _, e in events):
         engine.run_once()
     return events
 
@@ -54,7 +57,8 @@ def streamed(
     engine: Engine, audio: np.ndarray, step_samples: int, transcription: Transcription = Transcription()
 ) -> Done:
     """What `audio` streamed through `engine` with no clock finally said."""
-    return next(e for e in streamed_events(engine, audio, step_samples, transcription) if isinstance(e, Done))
+    events = streamed_events(engine, audio, step_samples, transcription)
+    return next(e for _, e in events if isinstance(e, Done))
 
 
 def clips(

@@ -17,18 +17,16 @@ import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
 
-from benchmarks.real_speech import real_passages
-from benchmarks.speech import passage
+from benchmarks.speech import tiny_en_models
 from benchmarks.streaming_wer import streamed_events
 from benchmarks.text import mean_wer, whisper_wer
-from benchmarks.whisper_streaming import offline_texts
+from benchmarks.whisper_streaming import offline_texts, speech_passages
 from realtime.engine import Engine
 from realtime.events import Done, SpeechStarted, SpeechStopped
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.runner import WhisperRunner
-from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir
 
 LEAD_SECONDS, TAIL_SECONDS = 0.5, 0.3
 
@@ -69,17 +67,12 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging("warning")
     torch.set_num_threads(1)
-    cpu = torch.device("cpu")
-    model = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32, int8=True)  # as served
-    timing = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
-    if args.speech == "real":
-        passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], 4)
-    else:
-        passages = [passage(timing, i) for i in range(4)]
+    model, timing = tiny_en_models()
+    passages = speech_passages(args.speech, model, timing, 4)
     streamed, whole = [], []
     for p in passages:
         engine = Engine(WhisperRunner(model))
-        events = streamed_events(engine, p.audio, round(args.step * SAMPLE_RATE))
+        events = [e for _, e in streamed_events(engine, p.audio, round(args.step * SAMPLE_RATE))]
         streamed.append(next(e for e in events if isinstance(e, Done)).text)
         starts = [e.audio_ms / 1000 for e in events if isinstance(e, SpeechStarted)]
         stops = [e.audio_ms / 1000 for e in events if isinstance(e, SpeechStopped)]

@@ -269,6 +269,14 @@ def offline_texts(model: WhisperModel, audios: list[np.ndarray]) -> list[str]:
     return texts
 
 
+def speech_passages(speech: str, model: WhisperModel, timing: WhisperModel, count: int) -> list[Passage]:
+    """`count` passages of real (`real_speech.py`) or synthetic (`speech.py`) speech, their words
+    timed by `timing`; a recording with no reference text is scored against `model`'s offline text."""
+    if speech == "real":
+        return real_passages(timing, lambda audio: offline_texts(model, [audio])[0], count)
+    return [passage(timing, i) for i in range(count)]
+
+
 def policy_fields(given: list[str]) -> dict:
     """`--set FIELD=VALUE`s as `WhisperPolicy` fields of their own types."""
     defaults = WhisperPolicy()
@@ -306,10 +314,7 @@ def main() -> None:
         float32 if args.model == TINY_EN else WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
     )
     counts = [int(n) for n in args.sessions.split(",")]
-    if args.speech == "real":
-        passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], max(counts))
-    else:
-        passages = [passage(timing, i) for i in range(max(counts))]
+    passages = speech_passages(args.speech, model, timing, max(counts))
     out: dict = {
         "speech": args.speech,
         "model": args.model,
