@@ -23,12 +23,11 @@ import math
 import torch
 
 from benchmarks.real_speech import pieces
-from benchmarks.speech import Passage
+from benchmarks.speech import Passage, tiny_en_models
 from benchmarks.text import mean_wer, normalize_words, whisper_wer
 from benchmarks.whisper_streaming import offline_texts, speech_passages
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.model import WhisperModel
-from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir
 
 MAX_WINDOW_SECONDS = 29.5  # a word near the end of its piece is decided within one window
 
@@ -80,9 +79,8 @@ def main() -> None:
     parser.add_argument("--float32", action="store_true", help="the model unquantized (served: int8)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cpu = torch.device("cpu")
-    model = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32, int8=not args.float32)
-    timing = WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
+    served, timing = tiny_en_models()
+    model = timing if args.float32 else served
     passages = speech_passages(args.speech, model, timing, args.passages)
     references = [p.text for p in passages]
     caches: list[dict] = [{} for _ in passages]
