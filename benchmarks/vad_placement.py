@@ -26,6 +26,7 @@ from realtime.engine import Engine
 from realtime.logs import configure_logging
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec, build_tiny_voxtral
 from voxtral.loading import LoadedModel, load_model
+from voxtral.vad import VadStream
 
 SIZES = {
     "small": SPEC,
@@ -37,14 +38,23 @@ SIZES = {
 PLACEMENTS = ("engine", "worker", "off")
 
 
+def skip_vad(streams: list[VadStream]) -> list[np.ndarray]:
+    """No frame read: the audio is dropped unheard."""
+    for stream in streams:
+        stream.unread = stream.unread[:0]
+    return [np.zeros(0, np.float32) for _ in streams]
+
+
 def mean_step_ms(loaded: LoadedModel, placement: str, sessions: int, steps: int, audio: np.ndarray) -> float:
     """Mean wall time of a step once warm, each session fed one position's audio per step."""
     engine = Engine(loaded.runner, EngineConfig(max_sessions=sessions))
-    run = engine.vad.run
+    probabilities = engine.vad.probabilities
     if placement == "worker":
-        engine.vad.run = lambda streams: loaded.runner._worker.submit(run, streams).result()
+        engine.vad.probabilities = lambda streams: loaded.runner._worker.submit(
+            probabilities, streams
+        ).result()
     elif placement == "off":
-        engine.vad.run = lambda streams: [[] for _ in streams]
+        engine.vad.probabilities = skip_vad
     for s in range(sessions):
         engine.add_utterance(f"s{s}")
     per = loaded.runner.samples_per_position

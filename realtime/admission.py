@@ -29,10 +29,13 @@ class Admission:
         self.last_shed_at = 0.0
 
     def seats(self) -> tuple[int, int]:
-        """(sessions held or being admitted, sessions that fit now)."""
+        """(sessions held or being admitted, sessions that fit now). A connection holds a seat
+        for each utterance it has in the engine (OpenAI's committed turns still decoding), and
+        one while it has none."""
         self.admitting = {c for c in self.admitting if c.state is State.CONNECTING}
         fit = min(self.max_sessions, self.engine.stats().capacity_sessions)
-        return len(self.connections) + len(self.admitting), fit
+        held = sum(max(1, len(c.utterances)) for c in self.connections)
+        return held + len(self.admitting), fit
 
     def busy(self) -> str | None:
         """Why one more session would not fit, or None."""
@@ -58,22 +61,31 @@ class Admission:
         least one), then wait as long again for the effect to show."""
         while True:
             await asyncio.sleep(CHECK_SECONDS)
-            now, stats = time.monotonic(), self.engine.stats()
-            lags = [c.lag_seconds(stats.consumed_samples, now) for c in self.connections]
-            for lag in lags:
-                self.metrics.lag_seconds.observe(lag)
-            self.lag_seconds = max(lags, default=0.0)
-            if self.lag_seconds <= self.max_lag_seconds or now - self.last_shed_at < self.max_lag_seconds:
-                continue
-            running = sorted(
-                (c for c in self.connections if c.utterances and c.closing is None),
-                key=lambda c: c.started_at,
-            )
-            newest = running[max(1, stats.shed_to_sessions) :]
-            if not newest:  # the oldest always stays: shedding every session serves no one
-                continue
-            log.warning("admission.shed", connections=len(newest), lag_seconds=round(self.lag_seconds, 3))
-            self.last_shed_at = now
-            self.metrics.sheds.inc(len(newest))
-            # 1013: try again later.
-            await asyncio.gather(*(c.close(1013, "server_overloaded", SHED_MESSAGE) for c in newest))
+            try:
+                await self._check()
+            except Exception:  # the next check goes on: a watcher that died would shed no more
+                log.exception("admission.check_failed")
+
+    async def _check(self) -> None:
+        now, stats = time.monotonic(), self.engine.stats()
+        lags = [c.lag_seconds(stats.consumed_samples, now) for c in self.connections]
+        for lag in lags:
+            self.metrics.lag_seconds.observe(lag)
+        self.lag_seconds = max(lags, default=0.0)
+        if self.lag_seconds <= self.max_lag_seconds or now - self.last_shed_at < self.max_lag_seconds:
+            return
+        running = sorted(
+            (c for c in self.connections if c.utterances and c.closing is None),
+            key=lambda c: c.started_at,
+        )
+        newest = running[max(1, stats.shed_to_sessions) :]
+        if not newest:  # the oldest always stays: shedding every session serves no one
+            return
+        log.warning("admission.shed", connections=len(newest), lag_seconds=round(self.lag_seconds, 3))
+        self.last_shed_at = now
+        self.metrics.sheds.inc(len(newest))
+        # 1013: try again later.
+        closes = [c.close(1013, "server_overloaded", SHED_MESSAGE) for c in newest]
+        for failure in await asyncio.gather(*closes, return_exceptions=True):
+            if isinstance(failure, Exception):
+                log.error("admission.shed_close_failed", exc_info=failure)

@@ -8,7 +8,7 @@ from pathlib import Path
 import structlog
 
 from realtime.capacity import CapacityConfig
-from realtime.config import EngineConfig, ServedModel, ServerConfig
+from realtime.config import ConfigError, EngineConfig, ServedModel, ServerConfig
 from realtime.limits import ConnectionLimits
 from realtime.logs import configure_logging
 from realtime.settings import ModelSettings, add_settings, from_args
@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         return clients[args.command][0].run(args)
     except WeightsError as exc:
         structlog.get_logger("voxrt").error("model.load_failed", error=str(exc))
+        print(f"voxrt: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
         print(f"voxrt: {exc}", file=sys.stderr)
         return 2
 

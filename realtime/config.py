@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from realtime.engine import Engine
 
 
+class ConfigError(ValueError):
+    """A setting the server refuses to start with; the message says which and why."""
+
+
 @dataclass(kw_only=True)
 class EngineConfig:
     max_sessions: int = 64  # what the server admits at most (Voxtral: its KV slots)

@@ -7,23 +7,37 @@ into calls here and engine events into server events; this class owns what both 
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from realtime.config import ServedModel
 from realtime.engine import Engine
 from realtime.events import Delta, Done, EngineEvent, Failed
 from realtime.limits import ConnectionLimits, EventRate
 from realtime.metrics import Metrics
+from realtime.protocols.common import ProtocolError
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import Transcription
 from voxtral.vad import VadConfig
 
 RECV_WAITED_SECONDS = 0.01  # a read that took this long found no event already waiting
+CLOSE_SECONDS = 2.0  # how long a close waits for the queued events and the peer's close frame
+
+
+@dataclass
+class LiveUtterance:
+    """What the connection keeps of one of its utterances in the engine, until done or failed."""
+
+    finishing: bool = False  # input ended, result owed: the client may wait silently
+    sent_samples: int = 0  # audio handed to the engine
+    audio_started_at: float | None = None  # when its first audio came
+    delta_sent: bool = False  # its first delta went out
 
 
 class WireSession(Protocol):
@@ -67,12 +81,8 @@ class Connection:
         self.log = structlog.get_logger("voxrt.connection").bind(connection_id=connection_id)
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue(maxsize=limits.outbox_events)
         self.wire: WireSession | None = None
-        self.utterances: set[str] = set()  # started, not yet done or failed
-        self.finishing: set[str] = set()  # input ended, result owed: the client may wait silently
+        self.utterances: dict[str, LiveUtterance] = {}  # started, not yet done or failed
         self.draining = False  # the server ended every input: audio still coming is not the client's fault
-        self.sent_samples: dict[str, int] = {}  # per utterance, audio handed to the engine
-        self.audio_started_at: dict[str, float] = {}  # per utterance, when its first audio came
-        self.delta_sent: set[str] = set()  # utterances whose first delta went out
         self.read_all_at = time.monotonic()  # when a read last found nothing waiting in TCP
         self.rate = EventRate(limits.max_events_per_second)
         self.num_utterances = 0
@@ -134,47 +144,77 @@ class Connection:
                 close_code=self.websocket.close_code,
             )
 
+    @property
+    def finishing(self) -> bool:
+        """An utterance's input ended and its result is owed: the client may wait silently."""
+        return any(u.finishing for u in self.utterances.values())
+
     async def _send_loop(self) -> None:
         try:
             while (text := await self.outbox.get()) is not None:
                 await self.websocket.send(text)
         except ConnectionClosed:
             pass
+        except Exception:
+            # An event that cannot go out: this connection ends with a reason, no other does.
+            self.log.exception("connection.send_failed")
+            self.metrics.closes.labels(reason="internal_error").inc()
+            self.abort_all()
+            if self.closing is None:
+                self.closing = asyncio.ensure_future(self.close_frame(1011, "internal_error"))
 
     async def close(self, code: int, reason: str, message: str) -> None:
         """An error event, the events queued before it, then the close frame. Its utterances
         leave the engine at once: a shed session's capacity is what shedding is for."""
         self.metrics.closes.labels(reason=reason).inc()
         self.send_error(reason, message)
-        self.closing = asyncio.ensure_future(self._close_after_outbox(code, reason))
+        if self.closing is None:
+            self.closing = asyncio.ensure_future(self._close_after_outbox(code, reason))
         self.abort_all()
-        await self.closing
+        await asyncio.shield(self.closing)
 
     async def _close_after_outbox(self, code: int, reason: str) -> None:
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.sender), 2.0)
-        await self.websocket.close(code, reason)
+        if self.sender is not None:
+            # A sender that died, or a peer that stopped reading, must not hold the close.
+            await asyncio.wait([self.sender], timeout=CLOSE_SECONDS)
+        await self.close_frame(code, reason)
+
+    async def close_frame(self, code: int, reason: str) -> None:
+        """The close frame, and the peer's answer for at most `CLOSE_SECONDS`; then the TCP
+        connection goes whatever the peer does."""
+        try:
+            async with asyncio.timeout(CLOSE_SECONDS):
+                await self.websocket.close(code, reason)
+        except Exception:
+            self.websocket.transport.abort()
 
     async def _backpressure(self) -> None:
         """Read no further while the engine has more than `max_buffered_seconds` of this
-        connection's audio to consume: the client's sends then wait on TCP."""
+        connection's audio to consume: the client's sends then wait on TCP. A socket that
+        closes meanwhile ends the wait."""
         limit = self.limits.max_buffered_seconds * SAMPLE_RATE
-        while self.utterances and self._unconsumed_samples() > limit:
+        while (
+            self.utterances
+            and self.closing is None
+            and self.websocket.state is State.OPEN
+            and self._unconsumed_samples() > limit
+        ):
             await asyncio.sleep(0.05)
 
     def _unconsumed_samples(self) -> int:
         consumed = self.engine.stats().consumed_samples
-        return sum(sent - consumed.get(u, 0) for u, sent in self.sent_samples.items())
+        return sum(u.sent_samples - consumed.get(uid, 0) for uid, u in self.utterances.items())
 
     def lag_seconds(self, consumed: dict[str, int], now: float) -> float:
         """How far its furthest utterance is behind real time: the audio a real-time sender
         would have sent by now (or less, if it sent less) that the model has not computed.
         A client sending faster than real time is behind only once its audio's time has come."""
         lags = [
-            min(self.sent_samples[u] / SAMPLE_RATE, now - started) - consumed.get(u, 0) / SAMPLE_RATE
-            for u, started in self.audio_started_at.items()
+            min(u.sent_samples / SAMPLE_RATE, now - u.audio_started_at) - consumed.get(uid, 0) / SAMPLE_RATE
+            for uid, u in self.utterances.items()
+            if u.audio_started_at is not None
         ]
         return max([0.0, *lags])
 
@@ -208,9 +248,15 @@ class Connection:
     def start_utterance(
         self, vad: VadConfig | None = None, transcription: Transcription = Transcription()
     ) -> str:
+        if len(self.utterances) >= self.limits.max_utterances:
+            raise ProtocolError(
+                "too_many_utterances",
+                f"{len(self.utterances)} utterances of this connection are still being transcribed:"
+                " wait for one to complete",
+            )
         self.num_utterances += 1
         utterance = f"{self.connection_id}-{self.num_utterances}"
-        self.utterances.add(utterance)
+        self.utterances[utterance] = LiveUtterance()
         self.routes[utterance] = self
         self.idle.clear()
         self.metrics.utterances_total.inc()
@@ -222,18 +268,23 @@ class Connection:
         if not len(samples):
             return
         now = time.monotonic()
-        started = self.audio_started_at.setdefault(utterance, now)
-        sent = self.sent_samples[utterance] = self.sent_samples.get(utterance, 0) + len(samples)
+        live = self.utterances[utterance]
+        if live.audio_started_at is None:
+            live.audio_started_at = now
+        live.sent_samples += len(samples)
         seconds = len(samples) / SAMPLE_RATE
         self.audio_seconds += seconds
         self.metrics.audio_seconds.inc(seconds)
         # Audio read behind a backlog (reads paused by backpressure) waited in TCP: it came
         # when a real-time sender would have sent it, and not before the reads last caught up.
-        arrived_at = max(self.read_all_at, min(now, started + sent / SAMPLE_RATE))
+        arrived_at = max(self.read_all_at, min(now, live.audio_started_at + live.sent_samples / SAMPLE_RATE))
         self.engine.add_audio(utterance, samples, arrived_at)
 
+    def is_finishing(self, utterance: str | None) -> bool:
+        return utterance in self.utterances and self.utterances[utterance].finishing
+
     def finish(self, utterance: str) -> None:
-        self.finishing.add(utterance)
+        self.utterances[utterance].finishing = True
         self.engine.finish_input(utterance)
 
     def finish_all(self) -> None:
@@ -252,13 +303,14 @@ class Connection:
             self._ended(utterance)
 
     def on_engine_event(self, utterance: str, event: EngineEvent) -> None:
+        live = self.utterances.get(utterance)
         if isinstance(event, Delta):
             self.num_deltas += 1
             self.metrics.deltas.inc()
             self.metrics.delta_latency_seconds.observe(event.latency)
-            if utterance not in self.delta_sent and utterance in self.audio_started_at:
-                self.delta_sent.add(utterance)
-                self.metrics.first_delta_seconds.observe(time.monotonic() - self.audio_started_at[utterance])
+            if live is not None and not live.delta_sent and live.audio_started_at is not None:
+                live.delta_sent = True
+                self.metrics.first_delta_seconds.observe(time.monotonic() - live.audio_started_at)
         elif isinstance(event, Failed):
             self.count_error(event.code, event.message)
         if isinstance(event, Done | Failed):
@@ -266,12 +318,9 @@ class Connection:
         self.wire.on_event(utterance, event)
 
     def _ended(self, utterance: str) -> None:
-        self.utterances.discard(utterance)
+        if self.utterances.pop(utterance, None) is None:
+            return
         self.routes.pop(utterance, None)
-        self.finishing.discard(utterance)
-        self.sent_samples.pop(utterance, None)
-        self.audio_started_at.pop(utterance, None)
-        self.delta_sent.discard(utterance)
         self.metrics.utterances_active.dec()
         if not self.utterances:
             self.idle.set()

@@ -19,7 +19,7 @@ from cache import FeatureCache
 from realtime.capacity import Capacity
 from realtime.commands import Abort, AddUtterance, AppendAudio, Command, FinishInput
 from realtime.config import EngineConfig, EngineStats
-from realtime.events import EngineEvent
+from realtime.events import EngineEvent, Failed
 from realtime.ingest import Ingest
 from realtime.utterance import Utterances
 from scheduler import Scheduler, SchedulerOutput
@@ -46,6 +46,9 @@ class Engine:
         # A step's events, (utterance id, event) in order; called on the engine thread.
         self.on_events: Callable[[list[tuple[str, EngineEvent]]], None] | None = None
         self.num_steps = self.num_tokens = 0
+        # False once a fault no single utterance reproduces failed a step: the server stops
+        # taking sessions (`/health/ready`), so a balancer moves traffic off.
+        self.healthy = True
         self.model_seconds = 0.0  # summed over steps: with steps in flight, overlaps host work
         self._in_flight: deque[tuple[SchedulerOutput, Future[StepResult]]] = deque()
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
@@ -97,25 +100,42 @@ class Engine:
                     self._apply_commands(block=not busy)
                     self.step()
                 except Exception:
+                    # Nothing narrowed it to an utterance (a fault of the engine's own): every
+                    # utterance may be in a state no step can continue from.
                     log.exception("engine.step_failed")
-                    for utterance in list(self.utterances.values()):
-                        self.utterances.fail(
-                            utterance, "processing_error", "the engine failed a step; see the log"
-                        )
+                    self.healthy = False
+                    self._fail_all(list(self.utterances), "the engine failed a step; see the log")
                     self._publish()
         except BaseException:
             log.critical("engine.died", exc_info=True)
             raise
+
+    def _fail_all(self, utterance_ids: list[str], message: str) -> None:
+        for utterance_id in utterance_ids:
+            if (utterance := self.utterances.get(utterance_id)) is not None:
+                self.utterances.fail(utterance, "processing_error", message)
 
     def _apply_commands(self, block: bool) -> None:
         try:
             command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
             while True:
                 if command is not None:
-                    self._apply(command)
+                    self._apply_walled(command)
                 command = self._commands.get_nowait()
         except queue.Empty:
             return
+
+    def _apply_walled(self, command: Command) -> None:
+        """A command that raises fails its utterance alone (one that never started is told so)."""
+        try:
+            self._apply(command)
+        except Exception as fault:
+            if (utterance := self.utterances.get(command.utterance_id)) is not None:
+                self.utterances.failed(utterance, fault)
+            else:
+                log.error("engine.command_failed", utterance_id=command.utterance_id, exc_info=fault)
+                message = f"the utterance could not start ({type(fault).__name__}); see the log"
+                self.utterances.emit(command.utterance_id, Failed("processing_error", message))
 
     def _apply(self, command: Command) -> None:
         if isinstance(command, AddUtterance):
@@ -140,16 +160,35 @@ class Engine:
         self.utterances.detect_turns(self.vad)
         out = self.scheduler.schedule()
         if out.scheduled:
-            states = {
-                s.request.request_id: self.utterances[s.request.request_id].state for s in out.scheduled
-            }
-            self._in_flight.append((out, self.runner.submit(out, states)))
+            self._submit(out)
         while self._in_flight and (
             len(self._in_flight) >= self.runner.max_steps_in_flight or not out.scheduled
         ):
             self._complete(*self._in_flight.popleft())
         self.snapshot = EngineStats.take(self, time.monotonic())
         self._publish()
+
+    def _submit(self, out: SchedulerOutput) -> None:
+        """Launch the step; where preparing it raises, each utterance's part is launched alone,
+        and the parts that raise alone fail their utterances."""
+        try:
+            self._in_flight.append((out, self.runner.submit(out, self._states(out))))
+            return
+        except Exception:
+            if len(out.scheduled) == 1:
+                raise
+            log.warning("engine.submit_failed", utterances=len(out.scheduled), exc_info=True)
+        for part in out.by_request():
+            request_id = part.scheduled[0].request.request_id
+            try:
+                self._in_flight.append((part, self.runner.submit(part, self._states(part))))
+            except Exception as fault:
+                for _, item in part.encoder_inputs:
+                    self.scheduler.encoder_cache.discard(item.mm_hash)
+                self.utterances.failed(self.utterances[request_id], fault)
+
+    def _states(self, out: SchedulerOutput) -> dict[str, object]:
+        return {s.request.request_id: self.utterances[s.request.request_id].state for s in out.scheduled}
 
     def _publish(self) -> None:
         """The events since the last publish, to the listener; one that raises loses them, never
@@ -168,7 +207,15 @@ class Engine:
             # Outputs this step should have produced do not exist: no later hit may find them.
             for _, item in out.encoder_inputs:
                 self.scheduler.encoder_cache.discard(item.mm_hash)
-            raise
+            # The runner narrows a fault to the utterances that cause it; one it could not
+            # narrow fails the step's utterances, and the engine is no longer ready for more.
+            log.exception("engine.step_fault", utterances=len(out.scheduled))
+            self.healthy = False
+            self._fail_all([s.request.request_id for s in out.scheduled], "a step failed; see the log")
+            return
+        for request_id, fault in result.failed.items():
+            if (utterance := self.utterances.get(request_id)) is not None:
+                self.utterances.failed(utterance, fault)
         self.num_steps += 1
         self.model_seconds += result.model_seconds
         outputs = [(rid, output) for rid, outs in result.outputs.items() for output in outs]

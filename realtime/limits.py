@@ -21,6 +21,10 @@ class ConnectionLimits:
         default=30.0, metadata=setting("audio received, not yet consumed by the engine: reads pause past it")
     )
     max_events_per_second: float = field(default=500.0, metadata=setting("client events per second"))
+    max_utterances: int = field(
+        default=4,
+        metadata=setting("live utterances per connection (OpenAI's manual commits each open one)"),
+    )
 
 
 @dataclass

@@ -19,7 +19,7 @@ from websockets.http11 import Request, Response
 
 from realtime import heap
 from realtime.admission import Admission
-from realtime.config import ServedModel, ServerConfig
+from realtime.config import ConfigError, ServedModel, ServerConfig
 from realtime.connection import Connection
 from realtime.engine import Engine
 from realtime.events import EngineEvent
@@ -50,6 +50,9 @@ RETRY_AFTER_SECONDS = 5
 
 class RealtimeServer:
     def __init__(self, engine: Engine, config: ServerConfig, model: ServedModel) -> None:
+        if config.api_key is not None and not config.api_key.strip():
+            # Most likely a variable left empty: serving without the key asked for would be open.
+            raise ConfigError("the API key is empty: set a key, or leave --api-key/VOXRT_API_KEY unset")
         self.engine = engine
         self.config = config
         self.metrics = Metrics(engine)
@@ -88,15 +91,19 @@ class RealtimeServer:
         offered = [
             p.removeprefix(KEY_SUBPROTOCOL) for p in _subprotocols(headers) if p.startswith(KEY_SUBPROTOCOL)
         ]
+        offered = [key for key in offered if key]  # an empty key is no key
         given = [headers.get("Authorization", ""), *(f"Bearer {key}" for key in offered)]
         expected = f"Bearer {self.config.api_key}".encode()
         return any(hmac.compare_digest(g.encode(), expected) for g in given)
 
     def _health(self, connection: ServerConnection, path: str) -> Response:
         """`/health/live`: the engine thread runs. `/health/ready`: also accepting new connections
-        (not draining, not at `--max-sessions`). `/health`: liveness, with the figures."""
+        (not draining, not at capacity, no step fault the engine could not narrow to an
+        utterance). `/health`: liveness, with the figures."""
         if not self.engine.alive:
             status = "engine_dead"
+        elif not self.engine.healthy:
+            status = "engine_faulted"  # live, serving what it holds; a restart clears it
         elif self.draining:
             status = "draining"
         elif self.admission.busy() is not None:
@@ -146,6 +153,10 @@ class RealtimeServer:
         if self.draining:
             return self._refuse(
                 connection, HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"
+            )
+        if not self.engine.healthy:
+            return self._refuse(
+                connection, HTTPStatus.SERVICE_UNAVAILABLE, "engine_faulted", "the engine failed a step"
             )
         limit = self.config.max_connections_per_ip
         if limit and self.connections_by_address[self._address(connection)] >= limit:
@@ -237,8 +248,15 @@ class RealtimeServer:
         if waits and self.engine.alive:
             await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=self.config.drain_seconds)
         await asyncio.sleep(0.05)  # let the outboxes hand the last events to the sockets
-        for connection in list(self.connections):
-            await connection.websocket.close(1001, "server shutting down")
+        # All at once, each bounded: a peer that never answers holds no other close.
+        if self.engine.alive:
+            closes = [c.close_frame(1001, "server shutting down") for c in self.connections]
+        else:
+            message = "the engine stopped: the server exits, to be restarted"
+            closes = [c.close(1011, "engine_dead", message) for c in self.connections]
+        for failure in await asyncio.gather(*closes, return_exceptions=True):
+            if isinstance(failure, Exception):
+                log.error("server.close_failed", exc_info=failure)
         if self.server is not None:
             await self.server.wait_closed()
         await asyncio.to_thread(self.engine.stop)  # a join of up to 30 s: the loop goes on meanwhile

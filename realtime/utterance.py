@@ -1,6 +1,8 @@
 """Everything the engine keeps per utterance, and the table of live ones (engine thread only)."""
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,8 +25,8 @@ from realtime.ingest import Ingest, IngestBuffer
 from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
-from voxtral.runner import ModelRunner, TimedWord, UtteranceOutput
-from voxtral.vad import Vad, VadStream
+from voxtral.runner import ModelRunner, TimedWord, UtteranceOutput, run_rows
+from voxtral.vad import Turn, Vad, VadStream
 
 log = structlog.get_logger(__name__)
 
@@ -80,11 +82,11 @@ class Utterances(dict[str, Utterance]):
         except NoFreeSlot as exc:
             self.emit(command.utterance_id, Failed("too_many_sessions", str(exc)))
             return
-        self.scheduler.add_request(request)
-        utterance = Utterance(request, state, vad=VadStream(command.vad))
+        # Held from here on: whatever fails next, `fail` frees it.
+        utterance = self[command.utterance_id] = Utterance(request, state, vad=VadStream(command.vad))
         if command.transcription.word_times:
             utterance.words = []
-        self[command.utterance_id] = utterance
+        self.scheduler.add_request(request)
         self._ingest(utterance, np.zeros(self.runner.leading_silence_samples, np.float32), time.monotonic())
 
     def append(self, utterance: Utterance, samples: np.ndarray, arrived_at: float) -> None:
@@ -111,21 +113,45 @@ class Utterances(dict[str, Utterance]):
     def detect_turns(self, vad: Vad) -> None:
         """VAD over every utterance's new audio in one batched call; each turn goes to the
         family (endpointing, skipping silence) and to the listener. Input that ends during
-        speech ends the turn there."""
+        speech ends the turn there. A fault fails the utterances it comes from alone."""
         live = [
             u for u in self.values() if u.vad.whole_frames() or (u.request.input_finished and u.vad.speaking)
         ]
-        for utterance, turns in zip(live, vad.run([u.vad for u in live]), strict=True):
-            ended_at = utterance.num_client_samples * 1000 // SAMPLE_RATE
-            if utterance.request.input_finished and (last := utterance.vad.end_turn(ended_at)):
-                turns.append(last)
-            for turn in turns:
-                sample = self.runner.leading_silence_samples + turn.audio_ms * SAMPLE_RATE // 1000
-                self.runner.turn(utterance.state, turn.speaking, sample // self.runner.samples_per_position)
-                self.emit(
-                    utterance.id,
-                    SpeechStarted(turn.audio_ms) if turn.speaking else SpeechStopped(turn.audio_ms),
-                )
+        heard = run_rows(vad.probabilities, [u.vad for u in live]) if live else []
+        for utterance, probabilities in zip(live, heard, strict=True):
+            with self.walled(utterance):
+                if isinstance(probabilities, Exception):
+                    raise probabilities
+                self._turns(utterance, vad.track(utterance.vad, probabilities))
+
+    def _turns(self, utterance: Utterance, turns: list[Turn]) -> None:
+        ended_at = utterance.num_client_samples * 1000 // SAMPLE_RATE
+        if utterance.request.input_finished and (last := utterance.vad.end_turn(ended_at)):
+            turns.append(last)
+        for turn in turns:
+            sample = self.runner.leading_silence_samples + turn.audio_ms * SAMPLE_RATE // 1000
+            self.runner.turn(utterance.state, turn.speaking, sample // self.runner.samples_per_position)
+            self.emit(
+                utterance.id,
+                SpeechStarted(turn.audio_ms) if turn.speaking else SpeechStopped(turn.audio_ms),
+            )
+
+    @contextmanager
+    def walled(self, utterance: Utterance) -> Iterator[None]:
+        """Whatever raises in the block fails `utterance` alone; the engine and every other
+        utterance go on."""
+        try:
+            yield
+        except Exception as fault:
+            self.failed(utterance, fault)
+
+    def failed(self, utterance: Utterance, fault: Exception) -> None:
+        """A fault of the utterance's own: it ends with `processing_error`, holding nothing."""
+        log.error("engine.utterance_failed", utterance_id=utterance.id, exc_info=fault)
+        if utterance.id in self:
+            self.fail(
+                utterance, "processing_error", f"transcription failed ({type(fault).__name__}); see the log"
+            )
 
     def deliver_step(self, outputs: dict[str, list[UtteranceOutput]]) -> int:
         """A step's outputs in the order the utterances were added, not the runner's (a client's
@@ -133,9 +159,10 @@ class Utterances(dict[str, Utterance]):
         of those still here (an utterance that ended meanwhile has none)."""
         tokens = 0
         for utterance in list(self.values()):
-            for output in outputs.get(utterance.id, []):
-                tokens += output.num_tokens
-                self.deliver(utterance, output)
+            with self.walled(utterance):
+                for output in outputs.get(utterance.id, []):
+                    tokens += output.num_tokens
+                    self.deliver(utterance, output)
         return tokens
 
     def deliver(self, utterance: Utterance, output: UtteranceOutput) -> None:
@@ -173,6 +200,9 @@ class Utterances(dict[str, Utterance]):
     def end(self, utterance: Utterance) -> None:
         """Frees everything it held: cache references, device state, placeholders in flight."""
         del self[utterance.id]
-        self.scheduler.finish_request(utterance.id)
-        self.runner.release(utterance.state)
         utterance.request.drop_placeholders()
+        self.scheduler.finish_request(utterance.id)
+        try:
+            self.runner.release(utterance.state)
+        except Exception:  # its device state is lost to it either way; the engine goes on
+            log.exception("engine.release_failed", utterance_id=utterance.id)

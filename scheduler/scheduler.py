@@ -36,6 +36,17 @@ class SchedulerOutput:
     def num_positions(self) -> int:
         return sum(s.num_positions for s in self.scheduled)
 
+    def by_request(self) -> list["SchedulerOutput"]:
+        """The step cut into one step per scheduled request (the first also frees what this one frees)."""
+        return [
+            SchedulerOutput(
+                [s],
+                [(request, item) for request, item in self.encoder_inputs if request is s.request],
+                self.freed_mm_hashes if i == 0 else [],
+            )
+            for i, s in enumerate(self.scheduled)
+        ]
+
 
 @dataclass
 class SchedulerConfig:

@@ -4,12 +4,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
+import structlog
 import torch
 
 from scheduler import Request, RequestUpdate, SchedulerConfig, SchedulerOutput
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class StepResult:
     # By request id, in order: one output per turn the step ended, and one after them.
     outputs: dict[str, list[UtteranceOutput]] = field(default_factory=dict)
     model_seconds: float = 0.0  # time the step spent in model code
+    # By request id, the exception of a part of the step that failed for that utterance alone:
+    # the engine fails it, and only it.
+    failed: dict[str, Exception] = field(default_factory=dict)
 
     def add(self, request_id: str, output: UtteranceOutput) -> None:
         """An utterance's output, after what the step gave it before (a family that decodes
@@ -144,6 +150,35 @@ class ModelRunner(Protocol):
     def release(self, state: object) -> None:
         """Free the utterance's device state once every submitted step is done with it."""
         ...
+
+
+Row = TypeVar("Row")
+Out = TypeVar("Out")
+
+
+class StepFault(RuntimeError):
+    """A batched forward failed, and no row of it fails alone: the step, not an utterance, is at fault."""
+
+
+def run_rows(forward: Callable[[list[Row]], list[Out]], rows: list[Row]) -> list[Out | Exception]:
+    """`forward(rows)`, one output per row; where the batch raises, each row runs alone, so a
+    fault stays with the rows that cause it: such a row's entry is its exception. `forward`
+    must leave no state behind when it raises (it is run again on the same rows). A fault no
+    row reproduces alone raises `StepFault`."""
+    try:
+        return forward(rows)
+    except Exception as batch_fault:
+        log.warning("runner.batch_failed", rows=len(rows), error=type(batch_fault).__name__)
+        alone: list[Out | Exception] = []
+        for row in rows:
+            try:
+                alone.extend(forward([row]))
+            except Exception as fault:
+                log.warning("runner.row_failed", error=type(fault).__name__, exc_info=fault)
+                alone.append(fault)
+        if not any(isinstance(out, Exception) for out in alone):
+            raise StepFault(f"a batch of {len(rows)} failed and no row fails alone") from batch_fault
+        return alone
 
 
 def run_now(

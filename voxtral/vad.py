@@ -45,7 +45,7 @@ class VadConfig:
 @dataclass
 class VadStream:
     """One utterance's VAD: its settings, the network's state, unread audio and the turn being
-    tracked. The engine thread owns it (`Utterances.append` feeds it, `Vad.run` reads it)."""
+    tracked. The engine thread owns it (`Utterances.append` feeds it, `Vad` reads it)."""
 
     config: VadConfig = field(default_factory=VadConfig)
     state: torch.Tensor = field(default_factory=lambda: torch.zeros(2, 1, 128))
@@ -75,36 +75,38 @@ class Vad:
         self.network = load_silero_vad()._model  # the 16 kHz network, without the one-state wrapper
         self.calls = 0  # batched calls, one per step with audio to read
 
-    def run(self, streams: list[VadStream]) -> list[list[Turn]]:
-        """Read every whole frame the streams hold; the turns each stream saw, in order."""
-        turns: list[list[Turn]] = [[] for _ in streams]
-        for i, (stream, probs) in enumerate(zip(streams, self.probabilities(streams), strict=True)):
-            for prob in probs:
-                if (turn := self._track(stream, float(prob))) is not None:
-                    turns[i].append(turn)
-                stream.frames_read += 1
+    def track(self, stream: VadStream, probabilities: np.ndarray) -> list[Turn]:
+        """The turns `stream` saw in its frames of these probabilities, in order."""
+        turns = []
+        for prob in probabilities:
+            if (turn := self._track(stream, float(prob))) is not None:
+                turns.append(turn)
+            stream.frames_read += 1
         return turns
 
     @torch.inference_mode()
     def probabilities(self, streams: list[VadStream]) -> list[np.ndarray]:
-        """Speech probability of every whole frame the streams hold: all streams in one batched call."""
+        """Speech probability of every whole frame the streams hold: all streams in one batched call.
+        The streams move on only once every frame is read: a call that raised can run again."""
         counts = [s.whole_frames() for s in streams]
         out = [np.zeros(n, np.float32) for n in counts]
         if not any(counts):
             return out
         self.calls += 1
+        states = [s.state for s in streams]
+        contexts = [s.context for s in streams]
         for k in range(max(counts)):
             rows = [i for i, n in enumerate(counts) if n > k]
             frames = np.stack(
-                [np.concatenate([streams[i].context, streams[i].unread[k * FRAME :][:FRAME]]) for i in rows]
+                [np.concatenate([contexts[i], streams[i].unread[k * FRAME :][:FRAME]]) for i in rows]
             )
-            state = torch.cat([streams[i].state for i in rows], dim=1)
+            state = torch.cat([states[i] for i in rows], dim=1)
             probs, state = self.network(torch.from_numpy(frames), state)
             for j, i in enumerate(rows):
-                streams[i].state, streams[i].context = state[:, j : j + 1], frames[j, -CONTEXT:]
+                states[i], contexts[i] = state[:, j : j + 1], frames[j, -CONTEXT:]
                 out[i][k] = probs[j, 0]
-        for stream, n in zip(streams, counts, strict=True):
-            stream.unread = stream.unread[n * FRAME :]
+        for stream, n, state, context in zip(streams, counts, states, contexts, strict=True):
+            stream.unread, stream.state, stream.context = stream.unread[n * FRAME :], state, context
         return out
 
     def _track(self, s: VadStream, prob: float) -> Turn | None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Annotated, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import PydanticCustomError
 
 from voxtral.audio import pcm16_to_float32
@@ -17,6 +17,15 @@ from voxtral.runner import ModelRunner, Transcription
 # A validation error of one of these types carries its wire code; any other is `invalid_event`
 # for a field of the event itself and `invalid_value` for a value nested in one.
 WIRE_CODES = ("invalid_event", "invalid_value", "invalid_audio")
+
+
+# The bounds on what a client may name: every string reaches the engine (or a log) bounded.
+MAX_NAME_CHARS = 256  # a model name, an event id
+MAX_CODE_CHARS = 32  # a language, a task
+MAX_PROMPT_CHARS = 4096  # a prompt; the model reads its last tokens (Whisper: 223)
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+Code = Annotated[str, Field(max_length=MAX_CODE_CHARS)]
+Prompt = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
 
 
 class ProtocolError(Exception):
@@ -62,7 +71,7 @@ def parse_event(message: str | bytes, events: Mapping[str, type[Event]], unknown
     why not (with the client's `event_id`, where it sent one)."""
     event = _load(message)
     kind, event_id = event["type"], event.get("event_id")
-    event_id = event_id if isinstance(event_id, str) else None
+    event_id = event_id if isinstance(event_id, str) and len(event_id) <= MAX_NAME_CHARS else None
     if (model := events.get(kind)) is None:
         raise ProtocolError(unknown_code, f"Unknown or unsupported event type: {kind[:200]}", event_id)
     try:
@@ -88,7 +97,35 @@ def _load(message: str | bytes) -> dict:
         raise ProtocolError("invalid_event", "an event must be a JSON object")
     if not isinstance(event.get("type"), str):
         raise ProtocolError("invalid_event", "an event needs a string field 'type'")
+    if (where := _not_unicode(event)) is not None:
+        # Legal JSON (a lone surrogate escape) that is no text: nothing past here may meet it.
+        raise ProtocolError("invalid_event", f"{where}: not valid Unicode (a lone surrogate?)")
     return event
+
+
+def _not_unicode(event: dict) -> str | None:
+    """The path of the first key or string in `event` that UTF-8 cannot encode, or None."""
+    stack: list[tuple[str, object]] = [("event", event)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str) and not _encodes(value):
+            return path
+        children = (
+            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        )
+        for key, child in children:
+            if isinstance(key, str) and not _encodes(key):
+                return f"{path}: a key"
+            stack.append((f"{path}.{key}", child))
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def transcription(

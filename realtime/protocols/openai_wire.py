@@ -11,7 +11,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field
 
-from realtime.protocols.common import Pcm16, WireObject, parse_event
+from realtime.protocols.common import Code, Name, Pcm16, Prompt, WireObject, parse_event
 from voxtral.runner import TimedWord
 
 Include = list[Literal["item.input_audio_transcription.logprobs"]]  # the one a transcription session has
@@ -31,9 +31,9 @@ class AudioFormat(WireObject):
 
 
 class InputTranscription(WireObject):
-    model: str | None = None
-    language: str | None = None
-    prompt: str | None = None
+    model: Name | None = None
+    language: Code | None = None
+    prompt: Prompt | None = None
 
 
 class AudioInput(WireObject):
@@ -105,7 +105,7 @@ def _settings(
 
 
 class OpenAIEvent(WireObject):
-    event_id: str | None = None  # the client's, echoed in an error about the event
+    event_id: Name | None = None  # the client's, echoed in an error about the event
 
 
 class Append(OpenAIEvent):

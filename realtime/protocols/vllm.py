@@ -5,7 +5,16 @@ import time
 from typing import TYPE_CHECKING
 
 from realtime.events import Delta, Done, EngineEvent, Failed, Interim, LanguageDetected
-from realtime.protocols.common import Pcm16, ProtocolError, WireObject, parse_event, transcription
+from realtime.protocols.common import (
+    Code,
+    Name,
+    Pcm16,
+    Prompt,
+    ProtocolError,
+    WireObject,
+    parse_event,
+    transcription,
+)
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.openai_wire import is_openai_event
 from voxtral.runner import TimedWord, Transcription
@@ -15,11 +24,11 @@ if TYPE_CHECKING:
 
 
 class SessionUpdate(WireObject):
-    model: str | None = None
+    model: Name | None = None
     interim: bool | None = None  # voxrt's extension: also send `transcription.interim`
-    language: str | None = None  # voxrt's extension, for multilingual models; None: detected
-    task: str | None = None  # voxrt's extension: "transcribe" or "translate"
-    prompt: str | None = None  # text said before: names, terms, spelling
+    language: Code | None = None  # voxrt's extension, for multilingual models; None: detected
+    task: Code | None = None  # voxrt's extension: "transcribe" or "translate"
+    prompt: Prompt | None = None  # text said before: names, terms, spelling
     word_timestamps: bool | None = None  # voxrt's extension: deltas and done carry their words, timed
 
 
@@ -121,7 +130,7 @@ class VllmSession:
             elif isinstance(event, AudioAppend):
                 if self.connection.draining:
                     return  # the server ended the input; the client will hear `transcription.done`
-                if self.utterance in self.connection.finishing:
+                if self.connection.is_finishing(self.utterance):
                     raise ProtocolError("input_finished", "audio after the final commit: wait for done")
                 self.connection.add_audio(self._running(), event.audio)
             else:
@@ -129,7 +138,7 @@ class VllmSession:
                     if self.utterance is None:
                         raise ProtocolError("shutting_down", "the server is draining: no new utterance")
                     return
-                if self.utterance in self.connection.finishing:
+                if self.connection.is_finishing(self.utterance):
                     raise ProtocolError("input_finished", "input already finished: wait for done")
                 utterance = self._running()
                 if event.final:

@@ -121,17 +121,19 @@ class VoxtralModel:
         batch = torch.arange(len(frames.lengths), device=self.device)
         num_mel = frames.lengths * 2
         x = torch.cat([self.conv1_state[frames.slots], mels.to(self.dtype)], dim=2)
-        self.conv1_state[frames.slots] = x[
-            batch[:, None], :, num_mel[:, None] + torch.arange(2, device=self.device)
-        ].mT
+        conv1_state = x[batch[:, None], :, num_mel[:, None] + torch.arange(2, device=self.device)].mT
         conv1, conv2 = self.encoder.embedder.conv1, self.encoder.embedder.conv2
         h = F.gelu(F.conv1d(x, conv1.weight, conv1.bias))
         h = torch.cat([self.conv2_state[frames.slots], h], dim=2)
-        self.conv2_state[frames.slots] = h[batch, :, num_mel][:, :, None]
+        conv2_state = h[batch, :, num_mel][:, :, None]
         h = F.gelu(F.conv1d(h, conv2.weight, conv2.bias, stride=2)).transpose(1, 2)
         h = self._layers(self.encoder, self.audio_kv, frames, h, ada_scales=None)
         h = self.encoder.norm(h).reshape(h.shape[0], -1, h.shape[2] * self.downsample)
-        return self.model.model.multi_modal_projector(h)
+        embeds = self.model.model.multi_modal_projector(h)
+        # The carried conv states move last: an encode that raised can run again on the same
+        # rows (the rings' writes are by position, the same again).
+        self.conv1_state[frames.slots], self.conv2_state[frames.slots] = conv1_state, conv2_state
+        return embeds
 
     @torch.no_grad()
     def decode(self, rows: Rows, audio_embeds: torch.Tensor) -> torch.Tensor:

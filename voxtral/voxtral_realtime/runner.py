@@ -12,6 +12,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from torch.nn.utils.rnn import pad_sequence
 from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
-from voxtral.runner import StepResult, Transcription, UtteranceOutput
+from voxtral.runner import StepResult, Transcription, UtteranceOutput, run_rows
 from voxtral.voxtral_realtime.detokenizer import Detokenizer
 from voxtral.voxtral_realtime.model import VoxtralModel
 from voxtral.voxtral_realtime.sliding_kv import Rows
@@ -42,13 +43,21 @@ class VoxtralStream:
 
 @dataclass
 class _Step:
-    """Everything the worker needs, gathered on the engine thread at submit time."""
+    """Everything the worker needs, gathered on the engine thread at submit time. Row i of the
+    encode and decode batches belongs to `encode_ids[i]` and `states[i]`; the built batches
+    serve the whole step, and a row run alone (after a fault) is built on the worker."""
 
     freed: list[str]
     new_slots: list[int]
+    encode_ids: list[str]
+    encode_slots: list[int]
+    encode_starts: list[int]
+    encode_lengths: list[int]
     encode_frames: Rows | None
     encode_mels: torch.Tensor | None
     encode_hashes: list[list[str]]
+    decode_starts: list[int]
+    decode_lengths: list[int]
     decode_rows: Rows
     decode_hashes: list[list[str]]
     states: list[VoxtralStream]
@@ -162,10 +171,11 @@ class VoxtralRunner:
         by_request: dict[str, list[AudioItem]] = {}
         for request, item in out.encoder_inputs:
             by_request.setdefault(request.request_id, []).append(item)
-        slots, starts, lengths, runs, encode_hashes = [], [], [], [], []
+        ids, slots, starts, lengths, runs, encode_hashes = [], [], [], [], [], []
         frames_per_position = self.model.downsample
         for request_id, items in sorted(by_request.items(), key=lambda kv: slot(kv[0])):
             items.sort(key=lambda item: item.offset)
+            ids.append(request_id)
             slots.append(slot(request_id))
             starts.append(items[0].offset * frames_per_position)
             lengths.append(len(items) * frames_per_position)
@@ -178,18 +188,22 @@ class VoxtralRunner:
 
         scheduled = sorted(out.scheduled, key=lambda s: slot(s.request.request_id))
         step_states = [states[s.request.request_id] for s in scheduled]
-        decode_slots = [state.slot for state in step_states]
+        decode_starts = [s.start for s in scheduled]
+        decode_lengths = [s.num_positions for s in scheduled]
         return _Step(
             freed=out.freed_mm_hashes,
-            new_slots=[slot for slot, s in zip(decode_slots, scheduled, strict=True) if s.start == 0],
+            new_slots=[state.slot for state, s in zip(step_states, scheduled, strict=True) if s.start == 0],
+            encode_ids=ids,
+            encode_slots=slots,
+            encode_starts=starts,
+            encode_lengths=lengths,
             encode_frames=encode_frames,
             encode_mels=encode_mels,
             encode_hashes=encode_hashes,
+            decode_starts=decode_starts,
+            decode_lengths=decode_lengths,
             decode_rows=Rows.build(
-                decode_slots,
-                [s.start for s in scheduled],
-                [s.num_positions for s in scheduled],
-                self.device,
+                [state.slot for state in step_states], decode_starts, decode_lengths, self.device
             ),
             decode_hashes=[
                 [s.request.item(i).mm_hash for i in range(s.item_lo, s.item_hi)] for s in scheduled
@@ -225,28 +239,65 @@ class VoxtralRunner:
             self.store.pop(mm_hash, None)
         if step.new_slots:
             self.model.reset(torch.tensor(step.new_slots, device=self.device))
-        if step.encode_frames is not None:
-            embeds = self.model.encode(step.encode_frames, step.encode_mels)
-            for row, hashes in enumerate(step.encode_hashes):
-                for j, mm_hash in enumerate(hashes):
-                    self.store[mm_hash] = embeds[row, j]
-        audio = pad_sequence(
-            [torch.stack([self.store[h] for h in hashes]) for hashes in step.decode_hashes], batch_first=True
-        )
-        tokens = self.model.decode(step.decode_rows, audio).tolist()
         result = StepResult()
-        rows = zip(
-            step.states, tokens, step.samples, step.final, step.ends_turn, step.arrived_at, strict=True
+        encoded = (
+            run_rows(partial(self._encode, step), list(range(len(step.encode_ids))))
+            if step.encode_ids
+            else []
         )
-        for state, token, samples, final, ends_turn, arrived_at in rows:
+        for request_id, fault in zip(step.encode_ids, encoded, strict=True):
+            if fault is not None:
+                result.failed[request_id] = fault
+        rows = [i for i, state in enumerate(step.states) if state.request_id not in result.failed]
+        tokens = run_rows(partial(self._decode, step), rows) if rows else []
+        for i, token in zip(rows, tokens, strict=True):
+            state = step.states[i]
             if state.done:  # ended while this step was queued: nothing of it goes out
                 continue
-            output = UtteranceOutput(audio_arrived_at=arrived_at)
+            if isinstance(token, Exception):
+                result.failed[state.request_id] = token
+                continue
+            output = UtteranceOutput(audio_arrived_at=step.arrived_at[i])
+            samples = step.samples[i]
             if samples:
                 output.token_ids, output.num_tokens = [token], 1
             # An end-of-stream token ends the utterance where `generate` stops.
-            state.done = output.finished = final or (samples and token == self.model.eos_id)
-            output.turn_ended = ends_turn and not output.finished
+            state.done = output.finished = step.final[i] or (samples and token == self.model.eos_id)
+            output.turn_ended = step.ends_turn[i] and not output.finished
             result.add(state.request_id, output)
         result.model_seconds = time.perf_counter() - started
         return result
+
+    def _encode(self, step: _Step, rows: list[int]) -> list[None]:
+        """The audio embeddings of encode rows `rows`, into the store."""
+        if len(rows) == len(step.encode_ids):
+            frames, mels = step.encode_frames, step.encode_mels
+        else:
+            frames = Rows.build(
+                [step.encode_slots[i] for i in rows],
+                [step.encode_starts[i] for i in rows],
+                [step.encode_lengths[i] for i in rows],
+                self.device,
+            )
+            mels = step.encode_mels[rows, :, : 2 * max(step.encode_lengths[i] for i in rows)]
+        embeds = self.model.encode(frames, mels)
+        for row, i in enumerate(rows):
+            for j, mm_hash in enumerate(step.encode_hashes[i]):
+                self.store[mm_hash] = embeds[row, j]
+        return [None] * len(rows)
+
+    def _decode(self, step: _Step, rows: list[int]) -> list[int]:
+        """The token sampled after each of decode rows `rows`."""
+        if len(rows) == len(step.states):
+            positions = step.decode_rows
+        else:
+            positions = Rows.build(
+                [step.states[i].slot for i in rows],
+                [step.decode_starts[i] for i in rows],
+                [step.decode_lengths[i] for i in rows],
+                self.device,
+            )
+        audio = pad_sequence(
+            [torch.stack([self.store[h] for h in step.decode_hashes[i]]) for i in rows], batch_first=True
+        )
+        return self.model.decode(positions, audio).tolist()

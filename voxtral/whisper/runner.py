@@ -15,7 +15,7 @@ import torch
 
 from scheduler import Request, RequestUpdate, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, normalize_log_mel, raw_log_mel
-from voxtral.runner import StepResult, TimedWord, Transcription, UtteranceOutput, run_now
+from voxtral.runner import StepResult, TimedWord, Transcription, UtteranceOutput, run_now, run_rows
 from voxtral.whisper.decoder import pad_states
 from voxtral.whisper.language import detect_languages
 from voxtral.whisper.model import Hypothesis, WhisperModel
@@ -158,27 +158,41 @@ class WhisperRunner:
         while due:
             windows = []
             for request, state, end, final in due:
-                room = going_on < self.policy.max_windows_per_step
-                update = updates[request.request_id]
-                turns = len(state.turns)
-                if (window := self._plan(request, state, end, final, room, update)) is not None:
-                    windows.append(window)
-                    going_on += not window.commit_all
-                elif final:
-                    result.add(request.request_id, UtteranceOutput(finished=True))
-                elif len(state.turns) < turns:  # a turn ended with nothing left to decode
-                    result.add(request.request_id, UtteranceOutput(turn_ended=True))
-            hypotheses = self._decode(windows)
-            for window in windows:
-                hyp = hypotheses.get(id(window))
-                output = self._commit(window, hyp)
+                try:
+                    room = going_on < self.policy.max_windows_per_step
+                    update = updates[request.request_id]
+                    turns = len(state.turns)
+                    if (window := self._plan(request, state, end, final, room, update)) is not None:
+                        windows.append(window)
+                        going_on += not window.commit_all
+                    elif final:
+                        result.add(request.request_id, UtteranceOutput(finished=True))
+                    elif len(state.turns) < turns:  # a turn ended with nothing left to decode
+                        result.add(request.request_id, UtteranceOutput(turn_ended=True))
+                except Exception as fault:
+                    result.failed[request.request_id] = fault
+            for window, hyp in zip(windows, self._decode(windows), strict=True):
+                request_id = window.request.request_id
+                if isinstance(hyp, Exception):
+                    result.failed[request_id] = hyp
+                    continue
+                try:
+                    output = self._commit(window, hyp)
+                except Exception as fault:
+                    result.failed[request_id] = fault
+                    continue
                 output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
                 output.window_seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
                 if output.text or output.finished or output.num_tokens or output.turn_ended:
-                    result.add(window.request.request_id, output)
-            due = [step[w.request.request_id] for w in windows if w.commit_all and w.state.turns]
+                    result.add(request_id, output)
+            due = [
+                step[w.request.request_id]
+                for w in windows
+                if w.commit_all and w.state.turns and w.request.request_id not in result.failed
+            ]
         for request_id, update in updates.items():
-            result.last(request_id).update = update
+            if request_id not in result.failed:
+                result.last(request_id).update = update
         return result
 
     def _plan(
@@ -220,12 +234,22 @@ class WhisperRunner:
         heard = (end - turn.start) / POSITIONS_PER_SECOND
         return Window(request, state, update, raw, end, final and not state.turns, ended, items, heard)
 
-    def _decode(self, windows: list[Window]) -> dict[int, Hypothesis | None]:
+    def _decode(self, windows: list[Window]) -> list[Hypothesis | Exception | None]:
+        """Each window's hypothesis (None: silence, or its language still unknown), in batches that
+        a fault cannot spread through: a window whose decode fails alone gets its exception."""
+        out: list[Hypothesis | Exception | None] = run_rows(self._detect_languages, windows)
+        known = [i for i, w in enumerate(windows) if out[i] is None and w.state.language]
+        if known:
+            for i, hyp in zip(known, run_rows(self._decode_batch, [windows[i] for i in known]), strict=True):
+                out[i] = hyp
+        return out
+
+    def _detect_languages(self, windows: list[Window]) -> list[None]:
+        detect_languages(self.model, self.policy, windows)
+        return [None] * len(windows)
+
+    def _decode_batch(self, windows: list[Window]) -> list[Hypothesis | None]:
         p = self.policy
-        detect_languages(self.model, p, windows)
-        windows = [w for w in windows if w.state.language]  # the others wait for more speech
-        if not windows:
-            return {}
         # Each window is encoded at its own length: its text does not depend on the windows beside it.
         states, lengths = pad_states([self._encode(w) for w in windows])
         # The window's committed words are forced, not prompted (<|startofprev|>): with them
@@ -239,7 +263,7 @@ class WhisperRunner:
             for w, a, f in zip(windows, prompts, forced, strict=True)
         ]
         hyps = self.model.decode(states, budgets, forced, prompts, lengths)
-        out: dict[int, Hypothesis | None] = {}
+        out: list[Hypothesis | None] = []
         for row, (window, hyp) in enumerate(zip(windows, hyps, strict=True)):
             silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
             # Timestamps past the window's audio are the model's guess into the silence padded
@@ -249,7 +273,7 @@ class WhisperRunner:
             segments = self.model.segments(hyp.token_ids)
             seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
             hyp.segments = drop_repetition(segments, p.max_compression_ratio, seconds)
-            out[id(window)] = None if silent or not hyp.segments else hyp
+            out.append(None if silent or not hyp.segments else hyp)
             if window.state.word_times:  # kept to time the words, if this decode commits any
                 window.encoded, window.prompt = states[row, : lengths[row]], prompts[row]
         return out
