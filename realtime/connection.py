@@ -152,7 +152,9 @@ class Connection:
     async def _send_loop(self) -> None:
         try:
             while (text := await self.outbox.get()) is not None:
-                await self.websocket.send(text)
+                # Encoded here, not by websockets, which fails the connection without a reason
+                # on text that is no UTF-8.
+                await self.websocket.send(text.encode(), text=True)
         except ConnectionClosed:
             pass
         except Exception:
