@@ -16,8 +16,10 @@ from voxtral.whisper.runner import WhisperRunner
 SERVER_EVENTS = {"session.created", "transcription.delta", "transcription.done", "error"}
 SENTINEL = json.dumps({"type": "fuzz.sentinel"})
 
+# Text as JSON carries it, lone surrogates included: the wire must refuse what is no Unicode.
+texts = st.text(max_size=20) | st.sampled_from(["\ud800", "a\udfffb", "\x00\x1b", "x" * 5000])
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | texts,
     lambda children: (
         st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
     ),
@@ -30,7 +32,7 @@ shaped_events = st.builds(
     lambda kind, extra: {"type": kind, **extra},
     event_types,
     st.dictionaries(
-        st.sampled_from(["audio", "final", "model", "x"]),
+        st.sampled_from(["audio", "final", "model", "prompt", "language", "task", "word_timestamps", "x"]),
         json_values | st.binary(max_size=64).map(lambda b: base64.b64encode(b).decode()),
         max_size=3,
     ),

@@ -1,0 +1,194 @@
+"""Hostile values in every field of every client event, on both wires, while bystanders stream
+real speech: each bystander's text is exactly its text alone (Voxtral's tokens do not depend on
+their neighbours in a batch), the server stays ready, and no connection but an attacker's is
+closed, never with 1006 or 1011."""
+
+import base64
+import json
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from realtime.config import ServedModel, ServerConfig
+from realtime.limits import ConnectionLimits
+from tests.server_harness import ServerThread, events_until, stream, wait_until
+from voxtral.loading import load_model
+
+OPENAI = "?intent=transcription"
+SENTINEL = json.dumps({"type": "fuzz.sentinel"})
+# What a server may close an attacker with: a reason of its own, never an abnormal closure.
+FAIR_CLOSES = {1000, 1008, 1009, 1013}
+
+strings = st.one_of(
+    st.sampled_from(
+        ["\ud800", "a\udfffb", "\x00", "\x07\x1b[31m\r\n", "", "\u202e", "en", "translate", "x" * (1 << 20)]
+    ),
+    st.text(max_size=12),
+)
+numbers = st.one_of(
+    st.sampled_from([0, -1, 2**63, -(2**63), 10**40, 1e308, -1e308, 16000, 24000]), st.integers()
+)
+scalars = st.one_of(st.none(), st.booleans(), numbers, strings)
+junk = st.recursive(
+    scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(strings, c, max_size=3), max_leaves=6
+)
+audio = st.binary(max_size=3200).map(lambda b: base64.b64encode(b).decode())
+values = st.one_of(scalars, junk, audio)
+
+
+def shaped(**fields) -> st.SearchStrategy[dict]:
+    """A dict with any of `fields`, each a hostile value or its own shape, plus an unknown one."""
+    return st.fixed_dictionaries({}, optional={**fields, "unknown": values})
+
+
+def either(shape: st.SearchStrategy) -> st.SearchStrategy:
+    return st.one_of(shape, values)
+
+
+VLLM_TYPES = ["session.update", "input_audio_buffer.append", "input_audio_buffer.commit"]
+vllm_events = st.builds(
+    lambda kind, fields: {"type": kind, **fields},
+    st.sampled_from(VLLM_TYPES) | strings,
+    shaped(
+        model=values,
+        interim=values,
+        language=values,
+        task=values,
+        prompt=values,
+        word_timestamps=values,
+        audio=values,
+        final=values,
+    ),
+)
+vad = shaped(type=values, threshold=values, prefix_padding_ms=values, silence_duration_ms=values)
+transcription = shaped(model=values, language=values, prompt=values)
+audio_input = shaped(
+    format=either(shaped(type=values, rate=values)),
+    transcription=either(transcription),
+    turn_detection=either(vad),
+)
+session = shaped(
+    type=values,
+    audio=either(shaped(input=either(audio_input))),
+    include=values,
+    input_audio_format=values,
+    input_audio_transcription=either(transcription),
+    turn_detection=either(vad),
+)
+OPENAI_TYPES = [
+    "session.update",
+    "transcription_session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+]
+openai_events = st.builds(
+    lambda kind, fields: {"type": kind, **fields},
+    st.sampled_from(OPENAI_TYPES) | strings,
+    shaped(event_id=values, session=either(session), audio=values),
+)
+
+
+def vllm_text(harness: ServerThread, samples) -> str:
+    with harness.connect() as ws:
+        stream(ws, samples, chunk=1280)
+        return events_until(ws, "transcription.done", timeout=120)[-1]["text"]
+
+
+def openai_text(harness: ServerThread, samples) -> str:
+    """One manually committed item at 16 kHz: its completed transcript."""
+    with connect(harness.url + OPENAI, open_timeout=10) as ws:
+        ws.recv(timeout=10)
+        input_ = {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}
+        ws.send(
+            json.dumps(
+                {"type": "session.update", "session": {"type": "transcription", "audio": {"input": input_}}}
+            )
+        )
+        for offset in range(0, len(samples), 1280):
+            chunk = (samples[offset : offset + 1280] * 32767).astype("<i2").tobytes()
+            ws.send(
+                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()})
+            )
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        return events_until(ws, "conversation.item.input_audio_transcription.completed", timeout=120)[-1][
+            "transcript"
+        ]
+
+
+BYSTANDERS = {"vllm": vllm_text, "openai": openai_text}
+
+
+class Attacker:
+    """A connection on one wire that sends what it is given; reconnects when the server closes
+    it, and keeps the codes it was closed with."""
+
+    def __init__(self, harness: ServerThread, query: str) -> None:
+        self.url = harness.url + query
+        self.closes: list[int | None] = []
+        self.ws = self._connect()
+
+    def _connect(self) -> ClientConnection:
+        ws = connect(self.url, open_timeout=10, max_size=None)
+        ws.recv(timeout=10)  # created
+        return ws
+
+    def throw(self, events: list[dict]) -> None:
+        """The events, then a sentinel (an unknown type): every answer up to its error is read."""
+        try:
+            for event in events:
+                self.ws.send(json.dumps(event))
+            self.ws.send(SENTINEL)
+            while "fuzz.sentinel" not in self.ws.recv(timeout=60):
+                pass
+        except ConnectionClosed as closed:
+            self.closes.append(closed.rcvd.code if closed.rcvd else None)
+            self.ws = self._connect()
+
+
+@pytest.fixture(scope="module")
+def voxtral_server(voxtral_dirs):
+    loaded = load_model(str(voxtral_dirs["base"]), "cpu", "float32", max_sessions=8)
+    config = ServerConfig(
+        max_sessions=8, max_frame_bytes=4 << 20, limits=ConnectionLimits(max_events_per_second=10_000)
+    )
+    harness = ServerThread(
+        loaded.runner, config, model=ServedModel(name=loaded.label, names=frozenset(loaded.names))
+    )
+    yield harness
+    harness.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wire", ["vllm", "openai"])
+def test_hostile_fields_reach_no_bystander(voxtral_server, welcome, wire):
+    samples = welcome[0][: 16000 * 3]
+    alone = {name: text(voxtral_server, samples) for name, text in BYSTANDERS.items()}
+    texts: dict[str, str] = {}
+    bystanders = [
+        threading.Thread(target=lambda n=name, t=text: texts.update({n: t(voxtral_server, samples)}))
+        for name, text in BYSTANDERS.items()
+    ]
+    attacker = Attacker(voxtral_server, OPENAI if wire == "openai" else "")
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(openai_events if wire == "openai" else vllm_events, min_size=1, max_size=4))
+    def attack(events):
+        attacker.throw(events)
+
+    for bystander in bystanders:
+        bystander.start()
+    try:
+        attack()
+    finally:
+        for bystander in bystanders:
+            bystander.join(timeout=120)
+        attacker.ws.close()
+    assert texts == alone
+    assert set(attacker.closes) <= FAIR_CLOSES, attacker.closes
+    assert voxtral_server.get("/health/ready")[0] == 200
+    wait_until(lambda: voxtral_server.metrics()["voxrt_kv_slots_used"] == 0, 60)
