@@ -23,7 +23,7 @@ from tests.server_harness import ServerProcess, free_port, http_get, metric, wai
 pytestmark = pytest.mark.slow
 # Admission out of the way, one torch thread each: two replicas share 2 cores, and measured
 # capacity would shed a session of one (tests/test_capacity.py tests admission).
-REPLICA_FLAGS = ("--drain-seconds=30", "--threads=1", "--target-busy=100", "--max-lag-seconds=3600")
+REPLICA_FLAGS = ("--drain-seconds=300", "--threads=1", "--target-busy=100", "--max-lag-seconds=3600")
 
 
 class Cluster:

@@ -45,7 +45,7 @@ def start_server(*extra: str, model: str = "whisper-tiny.en") -> tuple[subproces
 @pytest.mark.slow
 def test_sigterm_drains_utterances_and_exits_zero(welcome):
     samples, _ = welcome
-    process, url = start_server("--drain-seconds", "30")
+    process, url = start_server("--drain-seconds", "300")
     try:
         with connect(url, open_timeout=10) as ws:
             assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
