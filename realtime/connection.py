@@ -118,8 +118,15 @@ class Connection:
                 # recv() returns without suspending while frames are buffered: yield once per
                 # event, or a flooding client holds the event loop for hundreds of events.
                 await asyncio.sleep(0)
+                if self.closing is not None:  # closed meanwhile: what is still read goes unheard
+                    break
                 if self.rate.allow():
-                    self.wire.handle(message)
+                    try:
+                        self.wire.handle(message)
+                    except Exception:  # a fault of ours: this connection ends with a reason
+                        self.log.exception("connection.event_failed")
+                        await self.close(1011, "internal_error", "the server failed this connection's event")
+                        continue
                     await self._backpressure()
                 elif self.rate.dropped > self.limits.max_events_per_second:
                     await self.close(1008, "rate_limited", "events kept coming faster than allowed")
@@ -267,10 +274,10 @@ class Connection:
         return utterance
 
     def add_audio(self, utterance: str, samples: np.ndarray) -> None:
-        if not len(samples):
+        """Audio of a live utterance (of one aborted meanwhile, as a close began, it goes nowhere)."""
+        if not len(samples) or (live := self.utterances.get(utterance)) is None:
             return
         now = time.monotonic()
-        live = self.utterances[utterance]
         if live.audio_started_at is None:
             live.audio_started_at = now
         live.sent_samples += len(samples)
@@ -286,8 +293,9 @@ class Connection:
         return utterance in self.utterances and self.utterances[utterance].finishing
 
     def finish(self, utterance: str) -> None:
-        self.utterances[utterance].finishing = True
-        self.engine.finish_input(utterance)
+        if (live := self.utterances.get(utterance)) is not None:
+            live.finishing = True
+            self.engine.finish_input(utterance)
 
     def finish_all(self) -> None:
         """The server drains: every utterance's input ends here."""
