@@ -224,5 +224,10 @@ class Engine:
         if self.on_step is not None:
             self.on_step(result.model_seconds, len(windows))
         updates = {rid: output.update for rid, output in outputs if output.update is not None}
-        self.scheduler.update_from_output(updates)
-        self.num_tokens += self.utterances.deliver_step(result.outputs)
+        sampled = {
+            rid: [t for output in outs for t in output.token_ids]
+            for rid, outs in result.outputs.items()
+            if any(output.token_ids for output in outs)
+        }
+        sampled_at = self.scheduler.update_from_output(updates, sampled)
+        self.num_tokens += self.utterances.deliver_step(result.outputs, sampled_at)

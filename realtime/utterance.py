@@ -10,22 +10,13 @@ import structlog
 
 from realtime.commands import AddUtterance
 from realtime.config import EngineConfig
-from realtime.events import (
-    Delta,
-    Done,
-    EngineEvent,
-    Failed,
-    Interim,
-    LanguageDetected,
-    SpeechStarted,
-    SpeechStopped,
-    TurnEnded,
-)
+from realtime.events import EngineEvent, Failed, SpeechStarted, SpeechStopped
 from realtime.ingest import Ingest, IngestBuffer
+from realtime.output import OutputProcessor
 from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
-from voxtral.runner import ModelRunner, TimedWord, UtteranceOutput, run_rows
+from voxtral.runner import ModelRunner, UtteranceOutput, run_rows
 from voxtral.vad import Turn, Vad, VadStream
 
 log = structlog.get_logger(__name__)
@@ -36,14 +27,11 @@ class Utterance:
     """One engine request. The engine thread owns every field; `state` is the family's
     (`WhisperStream`, `VoxtralStream`), whose docstring says what its device worker owns."""
 
-    request: Request  # the timeline: items, positions computed, output token ids
+    request: Request  # the timeline (the scheduler writes it): items, positions, output token ids
     state: object
     buffer: IngestBuffer = field(default_factory=IngestBuffer)
     vad: VadStream = field(default_factory=VadStream)
-    interim: str = ""  # the last `Interim` sent
-    text_parts: list[str] = field(default_factory=list)  # the deltas sent, joined once at the end
-    words: list[TimedWord] | None = None  # the deltas' timed words, where the client asked for them
-    num_tokens: int = 0
+    output: OutputProcessor = field(default_factory=OutputProcessor)
     num_client_samples: int = 0  # what the client sent, without the family's padding
 
     @property
@@ -85,7 +73,7 @@ class Utterances(dict[str, Utterance]):
         # Held from here on: whatever fails next, `fail` frees it.
         utterance = self[command.utterance_id] = Utterance(request, state, vad=VadStream(command.vad))
         if command.transcription.word_times:
-            utterance.words = []
+            utterance.output.words = []
         self.scheduler.add_request(request)
         self._ingest(utterance, np.zeros(self.runner.leading_silence_samples, np.float32), time.monotonic())
 
@@ -103,12 +91,12 @@ class Utterances(dict[str, Utterance]):
         buffer = utterance.buffer
         padding = self.runner.trailing_silence_samples(buffer.num_samples + len(buffer.pending))
         self._ingest(utterance, np.zeros(padding, np.float32), arrived_at)
-        utterance.request.add_item(self.ingest.flush(buffer, utterance.id, arrived_at))
-        utterance.request.input_finished = True
+        self.scheduler.finish_input(utterance.id, self.ingest.flush(buffer, utterance.id, arrived_at))
 
     def _ingest(self, utterance: Utterance, samples: np.ndarray, arrived_at: float) -> None:
-        for item in self.ingest.append(utterance.buffer, samples, utterance.id, arrived_at):
-            utterance.request.add_item(item)
+        self.scheduler.add_items(
+            utterance.id, self.ingest.append(utterance.buffer, samples, utterance.id, arrived_at)
+        )
 
     def detect_turns(self, vad: Vad) -> None:
         """VAD over every utterance's new audio in one batched call; each turn goes to the
@@ -153,44 +141,31 @@ class Utterances(dict[str, Utterance]):
                 utterance, "processing_error", f"transcription failed ({type(fault).__name__}); see the log"
             )
 
-    def deliver_step(self, outputs: dict[str, list[UtteranceOutput]]) -> int:
+    def deliver_step(self, outputs: dict[str, list[UtteranceOutput]], sampled_at: dict[str, int]) -> int:
         """A step's outputs in the order the utterances were added, not the runner's (a client's
         items finished in one step complete in the order it committed them); returns the tokens
-        of those still here (an utterance that ended meanwhile has none)."""
+        of those still here (an utterance that ended meanwhile has none). `sampled_at`: where
+        each utterance's sampled ids landed in its output (`Scheduler.update_from_output`)."""
         tokens = 0
         for utterance in list(self.values()):
             with self.walled(utterance):
+                at = sampled_at.get(utterance.id, 0)
                 for output in outputs.get(utterance.id, []):
                     tokens += output.num_tokens
-                    self.deliver(utterance, output)
+                    resolved = utterance.request.output_token_ids[at : at + len(output.token_ids)]
+                    at += len(output.token_ids)
+                    self.deliver(utterance, output, resolved)
         return tokens
 
-    def deliver(self, utterance: Utterance, output: UtteranceOutput) -> None:
-        """A step's output: sampled ids fill the placeholders, and the text comes from the resolved ids."""
-        utterance.num_tokens += output.num_tokens
+    def deliver(self, utterance: Utterance, output: UtteranceOutput, resolved: list[int]) -> None:
+        """A step's output: the text comes from the ids it sampled, resolved in the request."""
         text = output.text
-        if output.token_ids or output.finished:
-            start = utterance.request.resolve(output.token_ids)
-            resolved = utterance.request.output_token_ids[start : start + len(output.token_ids)]
+        if resolved or output.finished:
             text += self.runner.detokenize(utterance.state, resolved, output.finished)
-        if output.language:
-            self.emit(utterance.id, LanguageDetected(output.language))
-        if text:
-            utterance.text_parts.append(text)
-            words = None
-            if utterance.words is not None:
-                words = output.words or []
-                utterance.words += words
-            self.emit(utterance.id, Delta(text, time.monotonic() - output.audio_arrived_at, words))
-        if output.interim is not None and output.interim != utterance.interim and not output.finished:
-            utterance.interim = output.interim
-            self.emit(utterance.id, Interim(output.interim))
-        if output.turn_ended:
-            self.emit(utterance.id, TurnEnded())
+        audio_seconds = utterance.num_client_samples / SAMPLE_RATE
+        for event in utterance.output.events(output, text, audio_seconds):
+            self.emit(utterance.id, event)
         if output.finished:
-            seconds = utterance.num_client_samples / SAMPLE_RATE
-            text = "".join(utterance.text_parts)
-            self.emit(utterance.id, Done(text, seconds, utterance.num_tokens, utterance.words))
             self.end(utterance)
 
     def fail(self, utterance: Utterance, code: str, message: str) -> None:
@@ -200,7 +175,6 @@ class Utterances(dict[str, Utterance]):
     def end(self, utterance: Utterance) -> None:
         """Frees everything it held: cache references, device state, placeholders in flight."""
         del self[utterance.id]
-        utterance.request.drop_placeholders()
         self.scheduler.finish_request(utterance.id)
         try:
             self.runner.release(utterance.state)

@@ -98,17 +98,40 @@ class Scheduler:
         request.retain_from = 0 if self.config.retains_window else None
         self.requests[request.request_id] = request
 
-    def update_from_output(self, updates: dict[str, RequestUpdate]) -> None:
-        """A completed step's decisions, by request id (one that ended meanwhile is gone)."""
+    def add_items(self, request_id: str, items: list[AudioItem]) -> None:
+        """New audio of a request, in order after its items."""
+        request = self.requests[request_id]
+        for item in items:
+            request.add_item(item)
+
+    def finish_input(self, request_id: str, last: AudioItem) -> None:
+        """The request's last item: its input is finished."""
+        request = self.requests[request_id]
+        request.add_item(last)
+        request.input_finished = True
+
+    def update_from_output(
+        self, updates: dict[str, RequestUpdate], sampled: dict[str, list[int]]
+    ) -> dict[str, int]:
+        """A completed step's decisions and sampled ids, by request id (one that ended meanwhile
+        is gone): the ids fill each request's oldest placeholders; returns where they start in
+        its output."""
         for request_id, update in updates.items():
             if (request := self.requests.get(request_id)) is not None:
                 request.retain_from, request.waiting_from = update.retain_from, update.waiting_from
+        return {
+            request_id: self.requests[request_id].resolve(ids)
+            for request_id, ids in sampled.items()
+            if request_id in self.requests
+        }
 
     def finish_request(self, request_id: str) -> None:
-        """Remove the utterance and drop every encoder-cache reference it held."""
+        """Remove the utterance: its placeholders (steps in flight) and every encoder-cache
+        reference it held."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return
+        request.drop_placeholders()
         self.encoder_cache.free(request_id)
 
     def _free_consumed_inputs(self, request: Request) -> None:

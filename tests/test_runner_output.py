@@ -1,5 +1,9 @@
 """The scheduler's `Request` has one writer: a family runner hands back what it decided in its
-step output, and the scheduler applies it (`Scheduler.update_from_output`)."""
+step output, and the scheduler applies it (`Scheduler.update_from_output`); audio enters, and
+sampled ids come back, through scheduler methods too."""
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,9 +45,9 @@ def test_whisper_steers_its_window_through_its_output_only(whisper_model, welcom
     moved: list[int] = []  # where each step's output put the window's start
     update_from_output = engine.scheduler.update_from_output
 
-    def record(updates):
+    def record(updates, sampled):
         moved.extend(u.retain_from for u in updates.values())
-        update_from_output(updates)
+        return update_from_output(updates, sampled)
 
     monkeypatch.setattr(engine.scheduler, "update_from_output", record)
     # After 4 s of silence the window leaves the first sentences behind.
@@ -53,6 +57,37 @@ def test_whisper_steers_its_window_through_its_output_only(whisper_model, welcom
     assert "weather" in done.text.lower()
     assert moved == sorted(moved) and moved[-1] > 0  # the window moved on, through the scheduler
     assert engine.stats().encoder_cache_rows == 0
+
+
+def request_writers(monkeypatch) -> set[str]:
+    """The files whose code wrote a `Request` field (past the request's own methods and its
+    construction), relative to the repository."""
+    writers: set[str] = set()
+    setattr_, own = Request.__setattr__, Path(sys.modules[Request.__module__].__file__).resolve()
+    root = own.parent.parent
+
+    def guarded_setattr(self, name, value):
+        frame = sys._getframe(1)
+        while Path(frame.f_code.co_filename).resolve() == own:  # the request's own methods
+            frame = frame.f_back
+        if frame.f_code.co_name != "__init__":  # its construction sets every field once
+            writers.add(str(Path(frame.f_code.co_filename).resolve().relative_to(root)))
+        setattr_(self, name, value)
+
+    monkeypatch.setattr(Request, "__setattr__", guarded_setattr)
+    return writers
+
+
+@pytest.mark.parametrize("family", ["whisper", "voxtral"])
+def test_only_the_scheduler_writes_a_request(whisper_model, voxtral_dirs, welcome, monkeypatch, family):
+    if family == "whisper":
+        engine = Engine(WhisperRunner(whisper_model))
+    else:
+        runner = load_model(str(voxtral_dirs["base"]), "cpu", max_sessions=1).runner
+        engine = Engine(runner, EngineConfig(max_sessions=1))
+    writers = request_writers(monkeypatch)
+    done = streamed(engine, welcome[0][: 16000 * 3], 3200)
+    assert done.text and writers == {"scheduler/scheduler.py"}, writers
 
 
 @pytest.mark.parametrize("spec", ["base"])
