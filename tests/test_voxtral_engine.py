@@ -225,9 +225,7 @@ def test_a_full_slot_pool_refuses_an_utterance_at_once(voxtral_dirs):
     listen(engine, {"first": first.events, "second": second.events})
     engine.add_utterance("first")
     engine.add_utterance("second")
-    started = time.monotonic()
-    engine.run_once()
-    assert time.monotonic() - started < 5, "taking a KV slot must never wait"
+    engine.run_once()  # one step on this thread: a wait for a slot would never return
     assert isinstance(second.events[-1], Failed) and second.events[-1].code == "too_many_sessions"
     first.request = engine.scheduler.requests["first"]  # added already: `drive` only feeds it
     drive(engine, {"first": first})
