@@ -169,23 +169,25 @@ class Engine:
         self._publish()
 
     def _submit(self, out: SchedulerOutput) -> None:
-        """Launch the step; where preparing it raises, each utterance's part is launched alone,
-        and the parts that raise alone fail their utterances."""
-        try:
-            self._in_flight.append((out, self.runner.submit(out, self._states(out))))
-            return
-        except Exception:
-            if len(out.scheduled) == 1:
-                raise
-            log.warning("engine.submit_failed", utterances=len(out.scheduled), exc_info=True)
-        for part in out.by_request():
-            request_id = part.scheduled[0].request.request_id
+        """Launch the step; where preparing it raises, each utterance's part is launched alone
+        (one utterance's step is its part), and a part that raises fails its utterance."""
+        parts = [out]
+        while parts:
+            part = parts.pop()
             try:
                 self._in_flight.append((part, self.runner.submit(part, self._states(part))))
             except Exception as fault:
-                for _, item in part.encoder_inputs:
-                    self.scheduler.encoder_cache.discard(item.mm_hash)
-                self.utterances.failed(self.utterances[request_id], fault)
+                if len(part.scheduled) > 1:
+                    log.warning("engine.submit_failed", utterances=len(part.scheduled), exc_info=True)
+                    parts = part.by_request()[::-1]
+                    continue
+                self._discard_outputs(part)
+                self.utterances.failed(self.utterances[part.scheduled[0].request.request_id], fault)
+
+    def _discard_outputs(self, out: SchedulerOutput) -> None:
+        """Outputs a step should have produced do not exist: no later hit may find them."""
+        for _, item in out.encoder_inputs:
+            self.scheduler.encoder_cache.discard(item.mm_hash)
 
     def _states(self, out: SchedulerOutput) -> dict[str, object]:
         return {s.request.request_id: self.utterances[s.request.request_id].state for s in out.scheduled}
@@ -204,9 +206,7 @@ class Engine:
         try:
             result = future.result()
         except Exception:
-            # Outputs this step should have produced do not exist: no later hit may find them.
-            for _, item in out.encoder_inputs:
-                self.scheduler.encoder_cache.discard(item.mm_hash)
+            self._discard_outputs(out)
             # The runner narrows a fault to the utterances that cause it; one it could not
             # narrow fails the step's utterances, and the engine is no longer ready for more.
             log.exception("engine.step_fault", utterances=len(out.scheduled))

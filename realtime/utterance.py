@@ -105,7 +105,7 @@ class Utterances(dict[str, Utterance]):
         live = [
             u for u in self.values() if u.vad.whole_frames() or (u.request.input_finished and u.vad.speaking)
         ]
-        heard = run_rows(vad.probabilities, [u.vad for u in live]) if live else []
+        heard = run_rows(vad.probabilities, [u.vad for u in live])
         for utterance, probabilities in zip(live, heard, strict=True):
             with self.walled(utterance):
                 if isinstance(probabilities, Exception):

@@ -4,6 +4,7 @@ mistake as the wire's error code, audio as base64 PCM16."""
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping
 from typing import Annotated, TypeVar
 
@@ -97,10 +98,15 @@ def _load(message: str | bytes) -> dict:
         raise ProtocolError("invalid_event", "an event must be a JSON object")
     if not isinstance(event.get("type"), str):
         raise ProtocolError("invalid_event", "an event needs a string field 'type'")
-    if (where := _not_unicode(event)) is not None:
+    if _SURROGATE_ESCAPE.search(message) and (where := _not_unicode(event)) is not None:
         # Legal JSON (a lone surrogate escape) that is no text: nothing past here may meet it.
         raise ProtocolError("invalid_event", f"{where}: not valid Unicode (a lone surrogate?)")
     return event
+
+
+# A frame is UTF-8 text: only a JSON escape can put a surrogate into a parsed string, so the
+# parsed event is searched only when its frame has one (an audio event's megabyte is not).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _not_unicode(event: dict) -> str | None:
