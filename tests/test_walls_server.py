@@ -69,6 +69,19 @@ class Bystander(threading.Thread):
         assert self.events[-1]["type"] == "transcription.done", self.events[-1]
         return self.events[-1]["text"]
 
+    def __enter__(self) -> "Bystander":
+        """Streaming beside the block; its audio is all sent when the block starts."""
+        self.start()
+        assert self.streamed.wait(60)
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        """Once the block is done: the bystander's text as it would be alone."""
+        self.join(timeout=120)
+        if kind is None:
+            assert word_error_rate(WELCOME_WORDS, self.text()) <= 0.2, self.text()
+            assert not any(e["type"] == "error" for e in self.events)
+
 
 def audio_event(samples) -> str:
     return json.dumps(
@@ -97,21 +110,18 @@ def test_a_lone_surrogate_prompt_ends_no_other_session(whisper_model, welcome, w
     harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4))
     before = gauges(harness)
     gate, _ = hold_steps(harness.engine, monkeypatch)
-    bystander = Bystander(harness, samples[: 16000 * 4])
+    query, events = ATTACKS[wire]
     try:
-        bystander.start()
-        assert bystander.streamed.wait(60)
-        query, events = ATTACKS[wire]
-        with connect(harness.url + query, open_timeout=10) as attacker:
+        with (
+            Bystander(harness, samples[: 16000 * 4]),
+            connect(harness.url + query, open_timeout=10) as attacker,
+        ):
             attacker.recv(timeout=10)  # created
             for event in events:
                 attacker.send(event if event is not None else audio_event(samples[:16000]))
             gate.set()
             refused = json.loads(attacker.recv(timeout=30))
             assert refused["type"] == "error" and "Unicode" in json.dumps(refused), refused
-        bystander.join(timeout=120)
-        assert word_error_rate(WELCOME_WORDS, bystander.text()) <= 0.2
-        assert not any(e["type"] == "error" for e in bystander.events)
         wait_until(lambda: gauges(harness) == before, 60)
         assert harness.get("/health/ready")[0] == 200
     finally:
@@ -127,8 +137,10 @@ def server(whisper_model):
 
 
 @pytest.mark.parametrize("query", ["", OPENAI_QUERY])
-def test_strings_that_are_not_text_are_refused_without_echo_and_the_connection_goes_on(server, query):
-    with connect(server.url + query, open_timeout=10) as ws:
+def test_strings_that_are_not_text_are_refused_without_echo_and_the_connection_goes_on(
+    server, welcome, query
+):
+    with Bystander(server, welcome[0][: 16000 * 4]), connect(server.url + query, open_timeout=10) as ws:
         ws.recv(timeout=10)
         for raw in (
             hostile({"type": "@"}),
@@ -143,8 +155,8 @@ def test_strings_that_are_not_text_are_refused_without_echo_and_the_connection_g
         assert "nope" in json.dumps(json.loads(ws.recv(timeout=10)))
 
 
-def test_a_prompt_past_its_bound_is_refused_and_one_within_it_is_taken(server):
-    with server.connect() as ws:
+def test_a_prompt_past_its_bound_is_refused_and_one_within_it_is_taken(server, welcome):
+    with Bystander(server, welcome[0][: 16000 * 4]), server.connect() as ws:
         long = {"type": "session.update", "prompt": "word " * (MAX_PROMPT_CHARS // 5 + 1)}
         event = expect_error(ws, json.dumps(long), "invalid_event")
         assert "prompt" in event["error"] and str(MAX_PROMPT_CHARS) in event["error"]
@@ -163,7 +175,10 @@ def test_a_connection_holds_at_most_its_utterances_and_admission_counts_them(
     harness = ServerThread(WhisperRunner(whisper_model), config)
     gate, _ = hold_steps(harness.engine, monkeypatch)
     try:
-        with connect(harness.url + OPENAI_QUERY, open_timeout=10) as ws:
+        with (
+            Bystander(harness, samples[: 16000 * 4]),
+            connect(harness.url + OPENAI_QUERY, open_timeout=10) as ws,
+        ):
             ws.recv(timeout=10)
             ws.send(
                 json.dumps(
@@ -190,7 +205,7 @@ def test_a_connection_holds_at_most_its_utterances_and_admission_counts_them(
             while (event := json.loads(ws.recv(timeout=10)))["type"] != "session.updated":
                 kinds.append(event.get("error", {}).get("code") or event["type"])
             assert kinds.count("too_many_utterances") == 1, kinds
-            assert harness.server.admission.seats()[0] == 2
+            assert harness.server.admission.seats()[0] == 2 + 1  # and the bystander's seat
             gate.set()
             completed = 0
             while completed < 2:
@@ -205,17 +220,15 @@ def test_a_connection_holds_at_most_its_utterances_and_admission_counts_them(
 def test_an_event_that_cannot_be_sent_closes_its_connection_alone(server, welcome):
     samples, _ = welcome
     before = gauges(server)
-    with server.connect() as victim:
+    with Bystander(server, samples[: 16000 * 4]) as bystander, server.connect() as victim:
         stream(victim, samples[: 16000 * 2], final=False)
         wait_until(lambda: server.metrics()["voxrt_utterances_active"] >= 1, 30)
-        (connection,) = [c for c in server.server.connections if c.utterances]
+        connection = max(server.server.connections, key=lambda c: c.started_at)  # the victim's
         server.loop.call_soon_threadsafe(connection.send, "\ud800")
         with pytest.raises(ConnectionClosed) as closed:
             while True:
                 victim.recv(timeout=30)
         assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1011, "internal_error")
-    bystander = Bystander(server, samples[: 16000 * 4])
-    bystander.run()
     assert "morning" in bystander.text().lower()
     wait_until(lambda: gauges(server) == before, 60)
 
