@@ -6,14 +6,10 @@ these flags.
 """
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from realtime.capacity import CapacityConfig
 from realtime.limits import ConnectionLimits, Network, parse_networks
 from realtime.settings import comma_list, setting
-
-if TYPE_CHECKING:
-    from realtime.engine import Engine
 
 
 class ConfigError(ValueError):
@@ -94,25 +90,3 @@ class EngineStats:
     capacity_sessions: int = 1  # sessions that fit, all speaking, under the target busy share
     shed_to_sessions: int = 1  # kept when sessions fall behind: room in each step to catch up
     session_step_seconds: float = 0.0  # the model time a speaking session is projected to add per step
-
-    @classmethod
-    def take(cls, engine: "Engine", now: float) -> "EngineStats":
-        cache, features, capacity = engine.scheduler.encoder_cache, engine.feature_cache, engine.capacity
-        return cls(
-            utterances=len(engine.utterances),
-            encoder_cache_rows=cache.num_referenced_rows,
-            encoder_cache_resident_rows=cache.num_used_rows,
-            encoder_cache_capacity=cache.capacity_rows,
-            feature_cache_queries=features.queries,
-            feature_cache_hits=features.hits,
-            feature_cache_bytes=features.num_bytes,
-            steps=engine.num_steps,
-            tokens=engine.num_tokens,
-            kv_slots_used=engine.runner.num_slots_in_use,
-            vad_calls=engine.vad.calls,
-            consumed_samples=engine.utterances.consumed_samples(),
-            busy_share=capacity.busy_share(now),
-            capacity_sessions=capacity.sessions(engine.config.capacity.target_busy),
-            shed_to_sessions=capacity.sessions(engine.config.capacity.shed_to_busy),
-            session_step_seconds=capacity.session_step_seconds,
-        )

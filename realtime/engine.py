@@ -54,7 +54,7 @@ class Engine:
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="voxrt-engine", daemon=True)
-        self.snapshot = EngineStats.take(self, time.monotonic())
+        self.snapshot = self._take_stats(time.monotonic())
 
     def start(self) -> None:
         self._thread.start()
@@ -165,7 +165,7 @@ class Engine:
             len(self._in_flight) >= self.runner.max_steps_in_flight or not out.scheduled
         ):
             self._complete(*self._in_flight.popleft())
-        self.snapshot = EngineStats.take(self, time.monotonic())
+        self.snapshot = self._take_stats(time.monotonic())
         self._publish()
 
     def _submit(self, out: SchedulerOutput) -> None:
@@ -191,6 +191,28 @@ class Engine:
 
     def _states(self, out: SchedulerOutput) -> dict[str, object]:
         return {s.request.request_id: self.utterances[s.request.request_id].state for s in out.scheduled}
+
+    def _take_stats(self, now: float) -> EngineStats:
+        """The snapshot other threads read: consistent, and free to read."""
+        cache, features, capacity = self.scheduler.encoder_cache, self.feature_cache, self.capacity
+        return EngineStats(
+            utterances=len(self.utterances),
+            encoder_cache_rows=cache.num_referenced_rows,
+            encoder_cache_resident_rows=cache.num_used_rows,
+            encoder_cache_capacity=cache.capacity_rows,
+            feature_cache_queries=features.queries,
+            feature_cache_hits=features.hits,
+            feature_cache_bytes=features.num_bytes,
+            steps=self.num_steps,
+            tokens=self.num_tokens,
+            kv_slots_used=self.runner.num_slots_in_use,
+            vad_calls=self.vad.calls,
+            consumed_samples=self.utterances.consumed_samples(),
+            busy_share=capacity.busy_share(now),
+            capacity_sessions=capacity.sessions(self.config.capacity.target_busy),
+            shed_to_sessions=capacity.sessions(self.config.capacity.shed_to_busy),
+            session_step_seconds=capacity.session_step_seconds,
+        )
 
     def _publish(self) -> None:
         """The events since the last publish, to the listener; one that raises loses them, never
