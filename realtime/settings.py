@@ -94,7 +94,9 @@ class ModelSettings:
             "float32, bfloat16, float16 (default: by device); Whisper on the CPU: int8 (default) or float32"
         ),
     )
-    threads: int | None = field(default=None, metadata=setting("torch CPU threads (default: torch's)"))
+    threads: int = field(
+        default=1, metadata=setting("torch's threads for the model on a CPU (docs/architecture.md, Threads)")
+    )
     log_level: str = field(
         default="info", metadata=setting("log level", choices=("debug", "info", "warning", "error"))
     )

@@ -9,14 +9,12 @@ EOT, TB, VOCAB = 8, 10, 20
 TEXT = 5.0  # text scores: far likelier than the timestamps together, unless a test says otherwise
 
 
-def allowed(
-    rule, held: list[list[int]], step: int = 1, scores: torch.Tensor | None = None
-) -> list[list[int]]:
+def allowed(rule, held: list[list[int]], scores: torch.Tensor | None = None) -> list[list[int]]:
     """The tokens each row may still choose after `rule`."""
     if scores is None:
         scores = torch.zeros(len(held), VOCAB)
         scores[:, :TB] = TEXT
-    rule(scores, step, held)
+    rule(scores, held)
     return [torch.isfinite(row).nonzero().flatten().tolist() for row in scores]
 
 
@@ -49,8 +47,7 @@ def test_begin_suppression_applies_only_to_a_row_choosing_its_first_token():
     rule = SuppressAtStart(blank)
     everything = list(range(VOCAB))
     without = [t for t in everything if t not in (0, EOT)]
-    assert allowed(rule, [[], [TB, 3]], step=0) == [without, everything]
-    assert allowed(rule, [[]], step=1) == [everything]
+    assert allowed(rule, [[], [TB, 3]]) == [without, everything]
 
 
 def test_suppressed_tokens_are_never_chosen():

@@ -13,7 +13,7 @@ import torch
 
 
 class LogitsRule(Protocol):
-    def __call__(self, scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
+    def __call__(self, scores: torch.Tensor, held: Sequence[list[int]]) -> None:
         """Mask `scores` (rows, vocabulary) in place; `held[row]`: the row's tokens so far."""
         ...
 
@@ -24,10 +24,9 @@ class SuppressAtStart:
 
     tokens: torch.Tensor  # (vocabulary,) bool
 
-    def __call__(self, scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
-        if step == 0:
-            starting = torch.tensor([not tokens for tokens in held], device=scores.device)
-            scores.masked_fill_(starting[:, None] & self.tokens, -torch.inf)
+    def __call__(self, scores: torch.Tensor, held: Sequence[list[int]]) -> None:
+        starting = torch.tensor([not tokens for tokens in held], device=scores.device)
+        scores.masked_fill_(starting[:, None] & self.tokens, -torch.inf)
 
 
 @dataclass
@@ -36,7 +35,7 @@ class Suppress:
 
     tokens: torch.Tensor  # (vocabulary,) bool
 
-    def __call__(self, scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
+    def __call__(self, scores: torch.Tensor, held: Sequence[list[int]]) -> None:
         scores.masked_fill_(self.tokens, -torch.inf)
 
 
@@ -50,7 +49,7 @@ class TimestampRules:
     eot: int
     max_initial: int
 
-    def __call__(self, scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
+    def __call__(self, scores: torch.Tensor, held: Sequence[list[int]]) -> None:
         tb = self.timestamp_begin
         for row, seq in enumerate(held):
             if not seq:
@@ -74,6 +73,6 @@ class TimestampRules:
         scores[:, :tb].masked_fill_((timestamp_logprob > text_logprob).unsqueeze(-1), -torch.inf)
 
 
-def apply(rules: Sequence[LogitsRule], scores: torch.Tensor, step: int, held: Sequence[list[int]]) -> None:
+def apply(rules: Sequence[LogitsRule], scores: torch.Tensor, held: Sequence[list[int]]) -> None:
     for rule in rules:
-        rule(scores, step, held)
+        rule(scores, held)

@@ -14,9 +14,9 @@ from transformers import WhisperForConditionalGeneration
 
 from voxtral.errors import WeightsError
 from voxtral.whisper.decoder import StepDecoder
+from voxtral.whisper.greedy import GreedyRow
 from voxtral.whisper.int8 import quantize_tokenwise
 from voxtral.whisper.logits import Suppress, SuppressAtStart, TimestampRules, apply
-from voxtral.whisper.loop_guard import LoopGuard
 
 SECONDS_PER_TIMESTAMP = 0.02
 MULTILINGUAL_VOCAB_SIZE = 51865
@@ -179,6 +179,7 @@ class WhisperModel:
         forced: list[list[int]] | None = None,
         prompts: list[list[int]] | None = None,
         lengths: list[int] | None = None,
+        drafts: list[list[int]] | None = None,
     ) -> list[Hypothesis]:
         """Greedy decoding with timestamps for a batch of windows, one KV cache for all rows.
 
@@ -187,12 +188,19 @@ class WhisperModel:
         row's `prompt` (default: English). Rows differ in length: they are left-padded,
         masked, and given their own positions; row i reads its first `lengths[i]` encoder
         states (None: all). A row that starts repeating itself stops there, the segment
-        the repeat began in dropped (`LoopGuard`).
+        the repeat began in dropped (`GreedyRow`).
+
+        A row's `draft` is a guess at what it will choose (the last decode of its window):
+        read in the same first pass, its longest prefix that greedy decoding would choose
+        is taken without a pass per token, and decoding goes on one token a pass from the
+        first disagreement. The tokens are greedy decoding's whatever the draft: n-gram
+        speculation whose draft costs nothing to make.
         """
         batch = len(max_new_tokens)
         forced = forced or [[] for _ in range(batch)]
         prompts = prompts or [self.prompt(None)] * batch
-        initial = [[*prompt, *f] for prompt, f in zip(prompts, forced, strict=True)]
+        drafts = [d[:n] for d, n in zip(drafts or [[] for _ in range(batch)], max_new_tokens, strict=True)]
+        initial = [[*p, *f, *d] for p, f, d in zip(prompts, forced, drafts, strict=True)]
         width = max(len(ids) for ids in initial)
         input_ids = torch.full((batch, width), self.eot, dtype=torch.long)
         padding = torch.ones((batch, width), dtype=torch.bool)
@@ -203,56 +211,87 @@ class WhisperModel:
         input_ids, padding = input_ids.to(self.device), padding.to(self.device)
         positions = ((~padding).cumsum(-1) - 1).clamp(min=0)
         cache = self.steps.start(encoder_states, lengths, width + max(max_new_tokens))
-        generated: list[list[int]] = [list(f) for f in forced]
-        frames: list[list[int]] = [[] for _ in range(batch)]
-        token_logprobs: list[list[float]] = [[] for _ in range(batch)]
-        end_logprob = [0.0] * batch  # of end-of-text, where a row chose it
-        done = [False] * batch
-        no_speech_prob: list[float] = []
-        guards = [LoopGuard(f, self.eot) for f in forced]
-        for step in range(max(max_new_tokens)):
-            hidden, weights = self.steps(cache, input_ids, positions, padding)
-            scores = self.model.proj_out(hidden[:, -1]).float()
-            # The frame the alignment heads, together, attend to most from the last token.
-            heard_at = weights[:, :, -1].mean(dim=1).argmax(dim=-1).tolist()
-            if step == 0:
-                at_sot = self.model.proj_out(hidden[torch.arange(batch), sot_index]).float()
-                no_speech_prob = torch.softmax(at_sot, dim=-1)[:, self.no_speech].tolist()
-            apply(self.rules, scores, step, generated)
-            logprobs = torch.log_softmax(scores, dim=-1)
-            next_ids = scores.argmax(dim=-1)
-            chosen = logprobs.gather(1, next_ids[:, None])[:, 0].tolist()
-            for row, token in enumerate(next_ids.tolist()):
-                if done[row]:
-                    continue
-                if token == self.eot:
-                    end_logprob[row], done[row] = chosen[row], True
-                    continue
-                generated[row].append(token)
-                frames[row].append(heard_at[row])
-                token_logprobs[row].append(chosen[row])
-                if len(frames[row]) >= max_new_tokens[row]:
-                    done[row] = True
-                if guards[row].repeats(token):
-                    guards[row].drop_loop(generated[row], len(frames[row]), frames[row], token_logprobs[row])
-                    done[row] = True
-            if all(done):
-                break
-            next_ids = torch.where(torch.tensor(done, device=self.device), self.eot, next_ids)
-            input_ids, padding = next_ids[:, None], torch.zeros_like(padding[:, -1:])
-            positions = positions[:, -1:] + 1
+        rows = [GreedyRow.after(f, n, self.eot) for f, n in zip(forced, max_new_tokens, strict=True)]
+        hidden, weights = self.steps(cache, input_ids, positions, padding)
+        at_sot = self.model.proj_out(hidden[torch.arange(batch), sot_index]).float()
+        no_speech_prob = torch.softmax(at_sot, dim=-1)[:, self.no_speech].tolist()
+        # Row r's choice after k of its draft tokens is read at column last[r] + k.
+        last = [width - len(d) - 1 for d in drafts]
+        accepted = self._verify(rows, drafts, hidden, weights, last)
+        for row, (first, taken) in enumerate(zip(last, accepted, strict=True)):
+            cache.padding[row, first + 1 + taken : width] = True  # the rejected draft's columns
+        # Each row goes on from its last choice, which no pass has read yet.
+        next_ids = self._last_choices(rows)
+        positions = torch.tensor(
+            [len(ids) - len(d) + taken for ids, d, taken in zip(initial, drafts, accepted, strict=True)],
+            device=self.device,
+        )
+        no_padding = torch.zeros((batch, 1), dtype=torch.bool, device=self.device)
+        while not all(r.done for r in rows):
+            hidden, weights = self.steps(cache, next_ids[:, None], positions[:, None], no_padding)
+            going = [i for i, r in enumerate(rows) if not r.done]
+            self._choose(rows, going, hidden[going, -1], weights[going, :, -1])
+            next_ids = self._last_choices(rows)
+            positions = positions + 1
         return [
             Hypothesis(
-                tokens,
-                self.segments(tokens),
-                no_speech_prob[row],
-                (sum(token_logprobs[row]) + end_logprob[row]) / (len(token_logprobs[row]) + 1),
-                len(forced[row]),
-                frames[row],
-                token_logprobs[row],
+                r.tokens,
+                self.segments(r.tokens),
+                no_speech_prob[i],
+                r.avg_logprob,
+                len(forced[i]),
+                r.frames,
+                r.logprobs,
             )
-            for row, tokens in enumerate(generated)
+            for i, r in enumerate(rows)
         ]
+
+    def _last_choices(self, rows: list[GreedyRow]) -> torch.Tensor:
+        """Each row's last token (end of text for a row that is done): the next pass's input."""
+        return torch.tensor([r.tokens[-1] if not r.done else self.eot for r in rows], device=self.device)
+
+    def _choose(
+        self, rows: list[GreedyRow], which: list[int], hidden: torch.Tensor, weights: torch.Tensor
+    ) -> list[int]:
+        """Rows `which` take their greedy choice from their last hidden state (len(which), width)
+        and alignment weights (len(which), heads, frames) under Whisper's rules; the choices."""
+        scores = self.model.proj_out(hidden).float()
+        apply(self.rules, scores, [rows[i].tokens for i in which])
+        logprobs = torch.log_softmax(scores, dim=-1)
+        chosen = scores.argmax(dim=-1)
+        chosen_logprob = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
+        # The frame the alignment heads, together, attend to most from the last token.
+        heard_at = weights.mean(dim=1).argmax(dim=-1).tolist()
+        tokens = chosen.tolist()
+        for j, i in enumerate(which):
+            rows[i].take(tokens[j], heard_at[j], chosen_logprob[j])
+        return tokens
+
+    def _verify(
+        self,
+        rows: list[GreedyRow],
+        drafts: list[list[int]],
+        hidden: torch.Tensor,
+        weights: torch.Tensor,
+        last: list[int],
+    ) -> list[int]:
+        """Each row's choices from the first pass: after its known tokens, then after each draft
+        token it chose too; how many draft tokens each row accepted."""
+        accepted = [0] * len(rows)
+        checking = list(range(len(rows)))
+        for k in range(max(len(d) for d in drafts) + 1):
+            checking = [i for i in checking if not rows[i].done]
+            if not checking:
+                break
+            columns = [last[i] + k for i in checking]
+            tokens = self._choose(rows, checking, hidden[checking, columns], weights[checking, :, columns])
+            agreeing = []
+            for i, token in zip(checking, tokens, strict=True):
+                if not rows[i].done and k < len(drafts[i]) and token == drafts[i][k]:
+                    accepted[i] += 1
+                    agreeing.append(i)
+            checking = agreeing
+        return accepted
 
     @torch.inference_mode()
     def profile(self, frames: int, read: int, generated: int) -> None:

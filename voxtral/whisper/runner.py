@@ -114,7 +114,7 @@ class WhisperRunner:
             until - state.heard_until > p.context_silence_seconds * POSITIONS_PER_SECOND
         ):
             state.committer = WindowCommitter(agree=state.committer.agree, spaced=state.committer.spaced)
-            state.prefix = []
+            state.prefix, state.draft = [], []
         if not state.committer.window_words:
             state.window_start = max(
                 state.window_start, until - round(p.lead_in_seconds * POSITIONS_PER_SECOND)
@@ -262,7 +262,8 @@ class WhisperRunner:
             min(most, int(w.raw.shape[1] * per_frame) + 10, self.model.max_target_positions - len(a) - len(f))
             for w, a, f in zip(windows, prompts, forced, strict=True)
         ]
-        hyps = self.model.decode(states, budgets, forced, prompts, lengths)
+        drafts = [w.state.draft for w in windows]
+        hyps = self.model.decode(states, budgets, forced, prompts, lengths, drafts)
         out: list[Hypothesis | None] = []
         for row, (window, hyp) in enumerate(zip(windows, hyps, strict=True)):
             silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
@@ -344,14 +345,17 @@ class WhisperRunner:
         if window.commit_all:
             state.heard_until = window.end
         if commit.clear:
-            state.window_start, state.prefix = window.end, []
+            state.window_start, state.prefix, state.draft = window.end, [], []
         else:
             state.window_start += round(commit.trim_seconds * POSITIONS_PER_SECOND)
             if hyp is not None:
-                words = len(state.committer.window_words)
-                state.prefix = self.words[state.committer.spaced].window_prefix(
-                    hyp.token_ids, commit.consumed_words, words, commit.trim_seconds
-                )
+                words = self.words[state.committer.spaced]
+                kept = len(state.committer.window_words)
+                shift = commit.trim_seconds
+                state.prefix = words.window_prefix(hyp.token_ids, commit.consumed_words, kept, shift)
+                said = words.window_prefix(hyp.token_ids, commit.consumed_words, len(hyp.token_ids), shift)
+                agrees = said[: len(state.prefix)] == state.prefix
+                state.draft = said[len(state.prefix) :] if agrees else []
         state.window_start = min(state.window_start, window.end)
         if window.commit_all and state.turns:  # the silence before the next turn, heard already
             self._leave_silence(state, state.turns[0].start)

@@ -29,6 +29,9 @@ class WhisperStream:
     # Tokens of the window's committed words: forced on the next decode, so only the
     # uncommitted tail is generated and committed text cannot change under the policy.
     prefix: list[int] = field(default_factory=list)
+    # What the last decode said after those words, on the window as it starts now: the next
+    # decode's draft (`WhisperModel.decode`), most of which it will say again.
+    draft: list[int] = field(default_factory=list)
     has_text: bool = False  # something was committed: the next words follow a space
     # Turns heard and not yet committed whole, oldest first: a client sending faster than
     # real time can be several turns ahead of the positions a step decodes.

@@ -1,0 +1,211 @@
+"""Builds of `voxrt serve` side by side, each in a process of its own, under real-time sessions
+of real speech: what a session costs the server, and what its users see.
+
+Each build is a checkout with its own virtual environment (`git worktree add DIR COMMIT` and
+`bash DIR/scripts/setup.sh`), started as `DIR/.venv/bin/voxrt serve` with default flags and
+any given. For each number of arrivals, each build in turn gets a fresh server and the same
+sessions: each streams its own passage of the real recordings (`benchmarks/real_speech.py`:
+its own order, pauses and faint noise), cut to `--seconds`, in 100 ms chunks paced like a
+microphone, arriving `ARRIVAL_SECONDS` apart, from a client process of their own; a refused
+session does not retry. `--neighbour S` starts, `--neighbour-at` seconds into the run, one
+process per core that burns it for S seconds: a noisy neighbour on a shared node.
+
+Prints one JSON line: per build and number of arrivals, sessions seated and kept up (final
+text within `KEPT_UP_SECONDS` of the audio's end); the server's CPU seconds per second of
+audio it was sent (user + system, model load excluded); per word, from its end in the audio
+(tiny.en's forced alignment) to when it appeared and stayed, committed p50/p95 and shown
+(committed + interim) p95; the latest word; the longest time any session went without an
+event; WER against the served model's offline words.
+
+    .venv/bin/python -m benchmarks.served --build base=/work/base --build this=. \
+        [--build 'this-2t=.|--threads 2'] [--arrivals 1,4,8,16] [--seconds 40] [--neighbour 6]
+"""
+
+import argparse
+import itertools
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from benchmarks.client_process import ClientProcess, Refused
+from benchmarks.real_speech import real_passages
+from benchmarks.speech import Passage, tiny_en_models
+from benchmarks.text import mean_wer, whisper_wer
+from benchmarks.whisper_streaming import offline_texts, percentile, snapshots, word_latencies
+from clients.connection import Utterance
+from voxtral.audio import SAMPLE_RATE
+
+ARRIVAL_SECONDS = 0.5
+KEPT_UP_SECONDS = 1.0
+READY_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str
+    root: Path
+    flags: list[str]
+
+    @classmethod
+    def parse(cls, spec: str) -> "Build":
+        """NAME=DIR, or NAME=DIR|FLAGS."""
+        name, _, rest = spec.partition("=")
+        root, _, flags = rest.partition("|")
+        return cls(name, Path(root).resolve(), flags.split())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process `pid` so far, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Server:
+    """`voxrt serve` of one build, in its own process, ready to take sessions."""
+
+    def __init__(self, build: Build) -> None:
+        self.port = free_port()
+        command = [str(build.root / ".venv/bin/voxrt"), "serve", "--host=127.0.0.1", f"--port={self.port}"]
+        self.process = subprocess.Popen(
+            [*command, *build.flags, "--log-level=warning"], cwd=build.root, stdout=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + READY_SECONDS
+        while not self._ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{build.name}: voxrt serve did not become ready")
+            time.sleep(0.5)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/ready", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/realtime"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def cut(p: Passage, seconds: float) -> Passage:
+    """The first `seconds` of `p`, with the words that end in them."""
+    words = [i for i, end in enumerate(p.word_ends) if end <= seconds]
+    return replace(
+        p,
+        audio=p.audio[: round(seconds * SAMPLE_RATE)],
+        words=[p.words[i] for i in words],
+        word_ends=[p.word_ends[i] for i in words],
+        text=" ".join(p.words[i] for i in words),
+    )
+
+
+def neighbour(seconds: float) -> list[subprocess.Popen]:
+    """A process per core, each burning it for `seconds`."""
+    burn = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    return [subprocess.Popen(["python3", "-c", burn]) for _ in range(os.cpu_count() or 1)]
+
+
+def longest_silence(utterance: Utterance) -> float:
+    """The longest time between events, from the first to `done`."""
+    times = sorted([t for t, _ in utterance.deltas] + [t for t, _ in utterance.interims])
+    times += [utterance.done_at] if utterance.done_at is not None else []
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+def run(build: Build, passages: list[Passage], clients: ClientProcess, burst: float, burst_at: float) -> dict:
+    server = Server(build)
+    try:
+        before = cpu_seconds(server.process.pid)
+        burners: list[subprocess.Popen] = []
+        if burst:
+            # The clients stream from their process while this one waits to start the burst.
+            timer = threading.Timer(burst_at, lambda: burners.extend(neighbour(burst)))
+            timer.start()
+        audios = [p.audio for p in passages]
+        arrivals = clients.stream_sessions(server.url, audios, interim=True, arrival_seconds=ARRIVAL_SECONDS)
+        used = cpu_seconds(server.process.pid) - before
+        if burst:
+            timer.join()
+            for burner in burners:
+                burner.wait()
+    finally:
+        server.stop()
+    results = [(p, a.result) for p, a in zip(passages, arrivals, strict=True)]
+    seated = [(p, result) for p, result in results if not isinstance(result, Refused)]
+    committed, shown, lags = [], [], []
+    for p, result in seated:
+        committed_at, shown_at = snapshots(result.deltas, result.interims)
+        committed += word_latencies(p, committed_at)
+        shown += word_latencies(p, shown_at)
+        lags.append((result.done_at or float("inf")) - len(p.audio) / SAMPLE_RATE)
+    audio_seconds = sum(len(p.audio) for p, _ in seated) / SAMPLE_RATE
+    return {
+        "build": build.name,
+        "arrivals": len(passages),
+        "seated": len(seated),
+        "kept_up": sum(lag <= KEPT_UP_SECONDS for lag in lags),
+        "cpu_s_per_audio_s": round(used / audio_seconds, 3) if audio_seconds else None,
+        "committed_p50_s": percentile(committed, 50),
+        "committed_p95_s": percentile(committed, 95),
+        "shown_p95_s": percentile(shown, 95),
+        "latest_word_s": round(max(committed), 2) if committed else None,
+        "longest_silence_s": round(max(longest_silence(r) for _, r in seated), 2) if seated else None,
+        "wer": mean_wer(whisper_wer, [p.text for p, _ in seated], [r.text for _, r in seated])
+        if seated
+        else None,
+        "errors": sum(len(r.errors) for _, r in seated),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--build", action="append", required=True, help="NAME=DIR or NAME=DIR|FLAGS")
+    parser.add_argument("--arrivals", default="1,4,8,16")
+    parser.add_argument("--seconds", type=float, default=40.0, help="of each session's passage")
+    parser.add_argument("--neighbour", type=float, default=0.0, help="seconds the neighbour burns the cores")
+    parser.add_argument("--neighbour-at", type=float, default=15.0)
+    args = parser.parse_args()
+    builds = [Build.parse(spec) for spec in args.build]
+    counts = [int(n) for n in args.arrivals.split(",")]
+    model, timing = tiny_en_models()
+    passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], max(counts))
+    everyone = [cut(p, args.seconds) for p in passages]
+    rows = []
+    with ClientProcess() as clients:
+        for round_, count in enumerate(counts):
+            # Builds take turns going first: a machine's speed drifts over a run.
+            order = builds if round_ % 2 == 0 else builds[::-1]
+            for build in order:
+                rows.append(run(build, everyone[:count], clients, args.neighbour, args.neighbour_at))
+    settings = {"seconds": args.seconds, "neighbour": args.neighbour, "neighbour_at": args.neighbour_at}
+    builds_out = {b.name: {"root": str(b.root), "flags": b.flags, "commit": commit(b.root)} for b in builds}
+    print(json.dumps({"settings": settings, "builds": builds_out, "rows": rows}))
+
+
+def commit(root: Path) -> str:
+    """The checkout's commit, marked where its tracked files changed since."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "-uno") else "")
+
+
+if __name__ == "__main__":
+    main()
