@@ -15,7 +15,7 @@ from transformers import WhisperForConditionalGeneration
 from voxtral.errors import WeightsError
 from voxtral.whisper.decoder import StepDecoder
 from voxtral.whisper.greedy import GreedyRow
-from voxtral.whisper.int8 import quantize_tokenwise
+from voxtral.whisper import half_weights
 from voxtral.whisper.logits import Suppress, SuppressAtStart, TimestampRules, apply
 
 SECONDS_PER_TIMESTAMP = 0.02
@@ -53,13 +53,12 @@ class WhisperModel:
     """A transformers Whisper model plus its tokenizer and special ids, English-only or multilingual."""
 
     def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> None:
-        """`int8` (CPU only): the decoder's linear layers, the vocabulary projection and an
-        English-only model's encoder get int8 weights per output channel, activations
-        quantized on the fly (the decoder's token by token: `voxtral/whisper/int8.py`). At
-        a few rows (decoding) float32 products are slow on a CPU and int8 ones are not:
-        tiny.en decodes ~3x faster. Its encoder's float32 products
-        run near the CPU's peak: int8 takes ~23 % off, offline WER unchanged (README). The
-        multilingual base keeps a float32 encoder: int8 garbled its German streamed."""
+        """`int8` (CPU only): an English-only model's encoder gets int8 weights per output
+        channel, activations quantized on the fly; its float32 products run near the CPU's
+        peak and int8 takes ~23 % off, offline WER unchanged (README). The multilingual base
+        keeps a float32 encoder: int8 garbled its German streamed. The decoder's linear layers
+        and the vocabulary projection get float16 weights (`half_weights.py`): at a few rows
+        (decoding a token) float32 products are slow on a CPU."""
         try:
             self.model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
         except (OSError, ValueError) as exc:
@@ -150,11 +149,12 @@ class WhisperModel:
             # The encoder encodes one window at a time: the activations' one scale is the window's.
             if not self.multilingual:
                 quantize_dynamic(self.model.model.encoder, config, inplace=True)
-        # The decoder works on a batch of sessions: its activations are quantized token by
-        # token, so that a session's words do not depend on the sessions beside it. proj_out
-        # shares its weight with the token embedding; only the projection is quantized.
-        quantize_tokenwise(self.model.model.decoder)
-        self.model.proj_out = quantize_tokenwise(self.model.proj_out)
+        # The decoder works on a batch of sessions, a token at a time: float16 weights, rows
+        # computed on their own (`half_weights.py`). proj_out shares its weight with the token
+        # embedding; only the projection gets them. Without the kernel, float32 stays.
+        if half_weights.available():
+            half_weights.half_weights(self.model.model.decoder)
+            self.model.proj_out = half_weights.half_weights(self.model.proj_out)
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor) -> torch.Tensor:
@@ -213,11 +213,17 @@ class WhisperModel:
         cache = self.steps.start(encoder_states, lengths, width + max(max_new_tokens))
         rows = [GreedyRow.after(f, n, self.eot) for f, n in zip(forced, max_new_tokens, strict=True)]
         hidden, weights = self.steps(cache, input_ids, positions, padding)
-        at_sot = self.model.proj_out(hidden[torch.arange(batch), sot_index]).float()
-        no_speech_prob = torch.softmax(at_sot, dim=-1)[:, self.no_speech].tolist()
-        # Row r's choice after k of its draft tokens is read at column last[r] + k.
+        # Row r's choice after k of its draft tokens is read at column last[r] + k. One
+        # projection for every column the first pass decides on (a pass of one token costs
+        # about what a pass of many does): each row's <|startoftranscript|>, for its no-speech
+        # probability, then each row's choices.
         last = [width - len(d) - 1 for d in drafts]
-        accepted = self._verify(rows, drafts, hidden, weights, last)
+        read = [(row, last[row] + k) for row in range(batch) for k in range(len(drafts[row]) + 1)]
+        at = torch.tensor([*enumerate(sot_index), *read], device=self.device)
+        scores = self.model.proj_out(hidden[at[:, 0], at[:, 1]]).float()
+        no_speech_prob = torch.softmax(scores[:batch], dim=-1)[:, self.no_speech].tolist()
+        heard = self._heard(weights[at[batch:, 0], :, at[batch:, 1]])
+        accepted = self._verify(rows, drafts, scores[batch:], heard)
         for row, (first, taken) in enumerate(zip(last, accepted, strict=True)):
             cache.padding[row, first + 1 + taken : width] = True  # the rejected draft's columns
         # Each row goes on from its last choice, which no pass has read yet.
@@ -230,7 +236,8 @@ class WhisperModel:
         while not all(r.done for r in rows):
             hidden, weights = self.steps(cache, next_ids[:, None], positions[:, None], no_padding)
             going = [i for i, r in enumerate(rows) if not r.done]
-            self._choose(rows, going, hidden[going, -1], weights[going, :, -1])
+            scores = self.model.proj_out(hidden[going, -1]).float()
+            self._choose(rows, going, scores, self._heard(weights[going, :, -1]))
             next_ids = self._last_choices(rows)
             positions = positions + 1
         return [
@@ -250,41 +257,43 @@ class WhisperModel:
         """Each row's last token (end of text for a row that is done): the next pass's input."""
         return torch.tensor([r.tokens[-1] if not r.done else self.eot for r in rows], device=self.device)
 
+    @staticmethod
+    def _heard(weights: torch.Tensor) -> list[int]:
+        """For alignment weights (tokens, heads, frames), the frame the heads together attend to
+        most from each token: where in the window it was heard."""
+        return weights.mean(dim=1).argmax(dim=-1).tolist()
+
     def _choose(
-        self, rows: list[GreedyRow], which: list[int], hidden: torch.Tensor, weights: torch.Tensor
+        self, rows: list[GreedyRow], which: list[int], scores: torch.Tensor, heard: list[int]
     ) -> list[int]:
-        """Rows `which` take their greedy choice from their last hidden state (len(which), width)
-        and alignment weights (len(which), heads, frames) under Whisper's rules; the choices."""
-        scores = self.model.proj_out(hidden).float()
+        """Rows `which` take their greedy choice from their next-token scores (len(which),
+        vocabulary), masked in place by Whisper's rules; the choices."""
         apply(self.rules, scores, [rows[i].tokens for i in which])
         logprobs = torch.log_softmax(scores, dim=-1)
         chosen = scores.argmax(dim=-1)
         chosen_logprob = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
-        # The frame the alignment heads, together, attend to most from the last token.
-        heard_at = weights.mean(dim=1).argmax(dim=-1).tolist()
         tokens = chosen.tolist()
         for j, i in enumerate(which):
-            rows[i].take(tokens[j], heard_at[j], chosen_logprob[j])
+            rows[i].take(tokens[j], heard[j], chosen_logprob[j])
         return tokens
 
     def _verify(
-        self,
-        rows: list[GreedyRow],
-        drafts: list[list[int]],
-        hidden: torch.Tensor,
-        weights: torch.Tensor,
-        last: list[int],
+        self, rows: list[GreedyRow], drafts: list[list[int]], scores: torch.Tensor, heard: list[int]
     ) -> list[int]:
-        """Each row's choices from the first pass: after its known tokens, then after each draft
-        token it chose too; how many draft tokens each row accepted."""
+        """Each row's choices from the first pass (`scores` and `heard` for each row's columns in
+        turn: after its known tokens, then after each draft token): how many draft tokens
+        each row chose too."""
+        offsets = [0]
+        for draft in drafts:
+            offsets.append(offsets[-1] + len(draft) + 1)
         accepted = [0] * len(rows)
         checking = list(range(len(rows)))
         for k in range(max(len(d) for d in drafts) + 1):
             checking = [i for i in checking if not rows[i].done]
             if not checking:
                 break
-            columns = [last[i] + k for i in checking]
-            tokens = self._choose(rows, checking, hidden[checking, columns], weights[checking, :, columns])
+            at = [offsets[i] + k for i in checking]
+            tokens = self._choose(rows, checking, scores[at], [heard[j] for j in at])
             agreeing = []
             for i, token in zip(checking, tokens, strict=True):
                 if not rows[i].done and k < len(drafts[i]) and token == drafts[i][k]:
