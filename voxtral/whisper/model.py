@@ -13,9 +13,9 @@ from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 from transformers import WhisperForConditionalGeneration
 
 from voxtral.errors import WeightsError
+from voxtral.whisper import half_weights
 from voxtral.whisper.decoder import StepDecoder
 from voxtral.whisper.greedy import GreedyRow
-from voxtral.whisper import half_weights
 from voxtral.whisper.logits import Suppress, SuppressAtStart, TimestampRules, apply
 
 SECONDS_PER_TIMESTAMP = 0.02
