@@ -51,13 +51,16 @@ class Build:
     name: str
     root: Path
     flags: list[str]
+    env: dict[str, str]  # set for its server
 
     @classmethod
     def parse(cls, spec: str) -> "Build":
-        """NAME=DIR, or NAME=DIR|FLAGS."""
+        """NAME=DIR, or NAME=DIR|FLAGS, where FLAGS may start with VARIABLE=VALUE words."""
         name, _, rest = spec.partition("=")
-        root, _, flags = rest.partition("|")
-        return cls(name, Path(root).resolve(), flags.split())
+        root, _, words = rest.partition("|")
+        env = dict(w.split("=", 1) for w in words.split() if "=" in w and not w.startswith("-"))
+        flags = [w for w in words.split() if not ("=" in w and not w.startswith("-"))]
+        return cls(name, Path(root).resolve(), flags, env)
 
 
 def free_port() -> int:
@@ -79,7 +82,10 @@ class Server:
         self.port = free_port()
         command = [str(build.root / ".venv/bin/voxrt"), "serve", "--host=127.0.0.1", f"--port={self.port}"]
         self.process = subprocess.Popen(
-            [*command, *build.flags, "--log-level=warning"], cwd=build.root, stdout=subprocess.DEVNULL
+            [*command, *build.flags, "--log-level=warning"],
+            cwd=build.root,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, **build.env},
         )
         deadline = time.monotonic() + READY_SECONDS
         while not self._ready():
@@ -194,7 +200,10 @@ def main() -> None:
             for build in order:
                 rows.append(run(build, everyone[:count], clients, args.neighbour, args.neighbour_at))
     settings = {"seconds": args.seconds, "neighbour": args.neighbour, "neighbour_at": args.neighbour_at}
-    builds_out = {b.name: {"root": str(b.root), "flags": b.flags, "commit": commit(b.root)} for b in builds}
+    builds_out = {
+        b.name: {"root": str(b.root), "flags": b.flags, "env": b.env, "commit": commit(b.root)}
+        for b in builds
+    }
     print(json.dumps({"settings": settings, "builds": builds_out, "rows": rows}))
 
 

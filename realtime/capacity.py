@@ -47,18 +47,32 @@ class _Step:
     model_seconds: float
     sessions: int  # the sessions the model decoded for in it
     full_windows: int  # of those decodes, the ones of a full window
+    lanes: int  # sessions the runner computes at once
+
+    @property
+    def lane_seconds(self) -> float:
+        """The step's model time on each lane it used: what its sessions cost together."""
+        return self.model_seconds * max(1, min(self.lanes, self.sessions))
 
     @property
     def full_window_model_seconds(self) -> float:
-        """The step's model seconds its full windows take, each a session's equal share."""
-        return self.model_seconds * self.full_windows / self.sessions if self.full_windows else 0.0
+        """The lane seconds its full windows take, each a session's equal share."""
+        return self.lane_seconds * self.full_windows / self.sessions if self.full_windows else 0.0
 
 
 class Capacity:
     def __init__(
-        self, config: CapacityConfig, step_period_seconds: float, full_window_seconds: float, now: float
+        self,
+        config: CapacityConfig,
+        step_period_seconds: float,
+        full_window_seconds: float,
+        now: float,
+        lanes: int = 1,
     ):
+        """`lanes`: sessions the runner computes at once, each on its own thread: a step period
+        holds that many periods of model time."""
         self.config = config
+        self.lanes = lanes
         self.step_period_seconds = step_period_seconds
         self.full_window_seconds = full_window_seconds
         self.steps: deque[_Step] = deque()
@@ -79,7 +93,7 @@ class Capacity:
     def record(self, now: float, model_seconds: float, windows: list[float]) -> None:
         """A step done: its model time, and the seconds of audio each of its decodes read."""
         full = sum(1 for seconds in windows if seconds >= self.full_window_seconds)
-        step = _Step(now, model_seconds, len(windows), full)
+        step = _Step(now, model_seconds, len(windows), full, self.lanes)
         self.steps.append(step)
         self._count(step, 1)
         while self.steps[0].ended_at < now - self.config.window_seconds:
@@ -94,7 +108,7 @@ class Capacity:
     def _count(self, step: _Step, sign: int) -> None:
         self.model_seconds += sign * step.model_seconds
         if step.sessions:
-            self.decoded_model_seconds += sign * step.model_seconds
+            self.decoded_model_seconds += sign * step.lane_seconds
             self.decodes += sign * step.sessions
         self.full_window_model_seconds += sign * step.full_window_model_seconds
         self.full_windows += sign * step.full_windows
@@ -105,4 +119,5 @@ class Capacity:
 
     def sessions(self, busy: float) -> int:
         """How many sessions fit, all speaking, with each step at most `busy` of the period."""
-        return max(1, math.floor(busy * self.step_period_seconds / max(self.session_step_seconds, 1e-6)))
+        period = busy * self.step_period_seconds * self.lanes
+        return max(1, math.floor(period / max(self.session_step_seconds, 1e-6)))

@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -30,16 +31,14 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def build_server(args: argparse.Namespace):
-    import torch
 
     from realtime.engine import Engine
     from realtime.server import RealtimeServer
     from voxtral.loading import load_model
 
     load = from_args(ModelSettings, args)
-    if load.threads:
-        torch.set_num_threads(load.threads)
-    loaded = load_model(load.model, load.device, load.dtype, args.max_sessions)
+    cores = load.threads or len(os.sched_getaffinity(0))
+    loaded = load_model(load.model, load.device, load.dtype, args.max_sessions, cores)
     # Until sessions' own full windows are measured, what the dummy one at load cost here.
     measured = {"session_step_prior": loaded.full_window_cost} if loaded.full_window_cost else {}
     capacity = from_args(CapacityConfig, args, **measured)

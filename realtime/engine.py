@@ -40,7 +40,11 @@ class Engine:
         self.utterances = Utterances(runner, self.scheduler, Ingest(runner, self.feature_cache), self.config)
         self.vad = Vad()
         self.capacity = Capacity(
-            self.config.capacity, runner.step_period_seconds, runner.full_window_seconds, time.monotonic()
+            self.config.capacity,
+            runner.step_period_seconds,
+            runner.full_window_seconds,
+            time.monotonic(),
+            runner.lanes,
         )
         self.on_step: Callable[[float, int], None] | None = None  # (model seconds, utterances decoded)
         # A step's events, (utterance id, event) in order; called on the engine thread.

@@ -94,8 +94,12 @@ class ModelSettings:
             "float32, bfloat16, float16 (default: by device); Whisper on the CPU: int8 (default) or float32"
         ),
     )
-    threads: int = field(
-        default=1, metadata=setting("torch's threads for the model on a CPU (docs/architecture.md, Threads)")
+    threads: int | None = field(
+        default=None,
+        metadata=setting(
+            "cores the model uses (default: all this process may run on); Whisper on a CPU decodes "
+            "that many windows at once, each on one thread"
+        ),
     )
     log_level: str = field(
         default="info", metadata=setting("log level", choices=("debug", "info", "warning", "error"))

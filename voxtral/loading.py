@@ -64,30 +64,43 @@ def _model_type(path: Path) -> str:
 
 
 def load_model(
-    model: str | None, device: str | None = None, dtype: str | None = None, max_sessions: int = 64
+    model: str | None,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_sessions: int = 64,
+    cores: int | None = None,
 ) -> LoadedModel:
     """Load on a throwaway thread: the torch kernels loading runs start an OpenMP thread team
     on the calling thread, which would outlive the load next to the engine's own team; on a
     small CPU two teams throttle each other (libgomp stops spinning when oversubscribed).
+
+    `cores` the model may use (None: torch's threads as they are, one lane). Whisper on a CPU
+    decodes that many windows at once, each on one torch thread (`WhisperRunner`); else torch
+    runs on that many threads.
     """
     with ThreadPoolExecutor(1, thread_name_prefix="voxrt-load") as pool:
-        loaded = pool.submit(_load_model, model, device, dtype, max_sessions).result()
+        loaded = pool.submit(_load_model, model, device, dtype, max_sessions, cores).result()
+        if cores is not None:
+            torch.set_num_threads(1 if loaded.runner.lanes > 1 else cores)
         loaded.full_window_cost = pool.submit(loaded.runner.full_window_cost).result()
         return loaded
 
 
-def _load_model(model: str | None, device: str | None, dtype: str | None, max_sessions: int) -> LoadedModel:
+def _load_model(
+    model: str | None, device: str | None, dtype: str | None, max_sessions: int, cores: int | None
+) -> LoadedModel:
     hf_logging.disable_progress_bar()  # a progress bar is noise in JSON logs
     chosen = pick_device(device)
+    lanes = cores if cores is not None and chosen.type == "cpu" else 1
     if model in (None, TINY_EN, BASE):
         name = model or DEFAULT_MODEL
-        runner = WhisperRunner(_whisper_model(embedded_whisper_dir(name), chosen, dtype))
+        runner = WhisperRunner(_whisper_model(embedded_whisper_dir(name), chosen, dtype), lanes=lanes)
         return LoadedModel(runner, name, {name, "whisper"}, max_sessions)
     path = local_checkpoint(model)
     kind = _model_type(path)
     names = {str(path), path.name, model}
     if kind == "whisper":
-        runner = WhisperRunner(_whisper_model(path, chosen, dtype))
+        runner = WhisperRunner(_whisper_model(path, chosen, dtype), lanes=lanes)
         return LoadedModel(runner, model, names | {"whisper"}, max_sessions)
     if kind == "voxtral_realtime":
         runner = VoxtralRunner(path, chosen, pick_dtype(dtype, chosen), num_slots=max_sessions)

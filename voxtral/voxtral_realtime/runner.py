@@ -71,6 +71,7 @@ class VoxtralRunner:
     name = "voxtral_realtime"
     history_dependent_items = True  # the encoder is causal and stateful
     max_steps_in_flight = 2
+    lanes = 1  # one batched computation per step, on the device worker
     full_window_seconds = 0.0  # a position per step, each costing alike
     languages = None  # Voxtral Realtime transcribes what it hears; it takes no language prompt
     translates = False

@@ -6,7 +6,7 @@ committed whole (endpointing), so the next sentence starts a fresh window.
 """
 
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -36,9 +36,16 @@ class WhisperRunner:
     num_slots_in_use = 0
     word_times = True
 
-    def __init__(self, model: WhisperModel, policy: WhisperPolicy | None = None) -> None:
-        """Runners may share a model; each engine needs its own runner (its store follows its cache)."""
+    def __init__(self, model: WhisperModel, policy: WhisperPolicy | None = None, lanes: int = 1) -> None:
+        """Runners may share a model; each engine needs its own runner (its store follows its cache).
+
+        `lanes`: windows decoded at once, each alone on a thread of its own (on a CPU, one per
+        core, torch on one thread). A batch of windows on a CPU costs about what they cost one
+        by one, and torch's team of threads splitting each small product waits at every one
+        for its slowest thread: one a neighbour's process holds stalls them all."""
         self.model = model
+        self.lanes = lanes
+        self.pool = ThreadPoolExecutor(lanes, thread_name_prefix="voxrt-lane") if lanes > 1 else None
         self.device = model.device
         self.policy = policy or WhisperPolicy()
         self.chunk_samples = int(self.policy.chunk_seconds * SAMPLE_RATE) // HOP * HOP
@@ -159,7 +166,7 @@ class WhisperRunner:
             windows = []
             for request, state, end, final in due:
                 try:
-                    room = going_on < self.policy.max_windows_per_step
+                    room = going_on < self.policy.max_windows_per_step * self.lanes
                     update = updates[request.request_id]
                     turns = len(state.turns)
                     if (window := self._plan(request, state, end, final, room, update)) is not None:
@@ -235,8 +242,23 @@ class WhisperRunner:
         return Window(request, state, update, raw, end, final and not state.turns, ended, items, heard)
 
     def _decode(self, windows: list[Window]) -> list[Hypothesis | Exception | None]:
-        """Each window's hypothesis (None: silence, or its language still unknown), in batches that
-        a fault cannot spread through: a window whose decode fails alone gets its exception."""
+        """Each window's hypothesis (None: silence, or its language still unknown), the windows
+        shared out among the lanes."""
+        if self.pool is None or len(windows) < 2:
+            return self._decode_lane(windows)
+        shares = [
+            list(range(lane, len(windows), self.lanes)) for lane in range(min(self.lanes, len(windows)))
+        ]
+        decoding = [self.pool.submit(self._decode_lane, [windows[i] for i in share]) for share in shares]
+        out: list[Hypothesis | Exception | None] = [None] * len(windows)
+        for share, lane in zip(shares, decoding, strict=True):
+            for i, hyp in zip(share, lane.result(), strict=True):
+                out[i] = hyp
+        return out
+
+    def _decode_lane(self, windows: list[Window]) -> list[Hypothesis | Exception | None]:
+        """Each window's hypothesis, in batches that a fault cannot spread through: a window
+        whose decode fails alone gets its exception."""
         out: list[Hypothesis | Exception | None] = run_rows(self._detect_languages, windows)
         known = [i for i, w in enumerate(windows) if out[i] is None and w.state.language]
         if known:
