@@ -288,7 +288,12 @@ class WhisperRunner:
         hyps = self.model.decode(states, budgets, forced, prompts, lengths, drafts)
         out: list[Hypothesis | None] = []
         for row, (window, hyp) in enumerate(zip(windows, hyps, strict=True)):
-            silent = hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
+            # Whisper's test for a window without speech; a window holding committed words has some.
+            silent = (
+                not hyp.num_forced
+                and hyp.no_speech_prob > p.no_speech_prob
+                and hyp.avg_logprob < p.logprob_floor
+            )
             # Timestamps past the window's audio are the model's guess into the silence padded
             # after it: a trim there skipped speech not yet transcribed (a whole sentence's start).
             last = self.model.timestamp_begin + window.raw.shape[1] // 2  # one per two positions
