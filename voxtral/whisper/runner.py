@@ -89,14 +89,25 @@ class WhisperRunner:
         )
 
     def full_window_cost(self) -> float:
-        """Seconds a full window's decode takes on this machine, timed on a dummy one."""
+        """Seconds a full window's decode takes on this machine, timed on dummy ones: one on
+        every lane at once, as a loaded step decodes them (the lanes share the GIL and the
+        memory bus; one alone ran faster than each of two together, and admission seated
+        sessions that were shed once their windows had grown)."""
         p = self.policy
         window = round(self.full_window_seconds * POSITIONS_PER_SECOND)
         frames = p.encoder_frames(window, POSITIONS_PER_SECOND, self.model.max_frames)
+
+        def decode() -> None:
+            self.model.profile(frames, p.full_window_read_tokens, p.full_window_generated_tokens)
+
         timings = []
         for _ in range(2):  # the first also sets the kernels up
             started = time.perf_counter()
-            self.model.profile(frames, p.full_window_read_tokens, p.full_window_generated_tokens)
+            if self.pool is None:
+                decode()
+            else:
+                for lane in [self.pool.submit(decode) for _ in range(self.lanes)]:
+                    lane.result()
             timings.append(time.perf_counter() - started)
         return min(timings)
 
