@@ -2,8 +2,9 @@
 of real speech: what a session costs the server, and what its users see.
 
 Each build is a checkout with its own virtual environment (`git worktree add DIR COMMIT` and
-`bash DIR/scripts/setup.sh`), started as `DIR/.venv/bin/voxrt serve` with default flags and
-any given. For each number of arrivals, each build in turn gets a fresh server and the same
+`bash DIR/scripts/setup.sh`), started as `voxrt serve` by its own environment's Python
+(`tests/server_harness.ServerProcess`) with default flags and any given. For each number of
+arrivals, each build in turn gets a fresh server and the same
 sessions: each streams its own passage of the real recordings (`benchmarks/real_speech.py`:
 its own order, pauses and faint noise), cut to `--seconds`, in 100 ms chunks paced like a
 microphone, arriving `ARRIVAL_SECONDS` apart, from a client process of their own; a refused
@@ -25,11 +26,8 @@ import argparse
 import itertools
 import json
 import os
-import socket
 import subprocess
 import threading
-import time
-import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -39,11 +37,11 @@ from benchmarks.speech import Passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer
 from benchmarks.whisper_streaming import offline_texts, percentile, snapshots, word_latencies
 from clients.connection import Utterance
+from tests.server_harness import ServerProcess
 from voxtral.audio import SAMPLE_RATE
 
 ARRIVAL_SECONDS = 0.5
 KEPT_UP_SECONDS = 1.0
-READY_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -63,50 +61,10 @@ class Build:
         return cls(name, Path(root).resolve(), flags, env)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of process `pid` so far, all its threads."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class Server:
-    """`voxrt serve` of one build, in its own process, ready to take sessions."""
-
-    def __init__(self, build: Build) -> None:
-        self.port = free_port()
-        command = [str(build.root / ".venv/bin/voxrt"), "serve", "--host=127.0.0.1", f"--port={self.port}"]
-        self.process = subprocess.Popen(
-            [*command, *build.flags, "--log-level=warning"],
-            cwd=build.root,
-            stdout=subprocess.DEVNULL,
-            env={**os.environ, **build.env},
-        )
-        deadline = time.monotonic() + READY_SECONDS
-        while not self._ready():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{build.name}: voxrt serve did not become ready")
-            time.sleep(0.5)
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/ready", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/realtime"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
 
 
 def cut(p: Passage, seconds: float) -> Passage:
@@ -135,7 +93,7 @@ def longest_silence(utterance: Utterance) -> float:
 
 
 def run(build: Build, passages: list[Passage], clients: ClientProcess, burst: float, burst_at: float) -> dict:
-    server = Server(build)
+    server = ServerProcess(*build.flags, checkout=build.root, env=build.env)
     try:
         before = cpu_seconds(server.process.pid)
         burners: list[subprocess.Popen] = []

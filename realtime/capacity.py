@@ -47,12 +47,7 @@ class _Step:
     model_seconds: float
     sessions: int  # the sessions the model decoded for in it
     full_windows: int  # of those decodes, the ones of a full window
-    lanes: int  # sessions the runner computes at once
-
-    @property
-    def lane_seconds(self) -> float:
-        """The step's model time on each lane it used: what its sessions cost together."""
-        return self.model_seconds * max(1, min(self.lanes, self.sessions))
+    lane_seconds: float  # its model time on each lane it used: what its sessions cost together
 
     @property
     def full_window_model_seconds(self) -> float:
@@ -93,7 +88,8 @@ class Capacity:
     def record(self, now: float, model_seconds: float, windows: list[float]) -> None:
         """A step done: its model time, and the seconds of audio each of its decodes read."""
         full = sum(1 for seconds in windows if seconds >= self.full_window_seconds)
-        step = _Step(now, model_seconds, len(windows), full, self.lanes)
+        lanes_used = max(1, min(self.lanes, len(windows)))
+        step = _Step(now, model_seconds, len(windows), full, model_seconds * lanes_used)
         self.steps.append(step)
         self._count(step, 1)
         while self.steps[0].ended_at < now - self.config.window_seconds:

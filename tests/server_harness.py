@@ -4,6 +4,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -158,22 +159,24 @@ class ServerProcess:
     """`voxrt serve` as its own process on a free port, as an operator runs it; ready once
     `/health/ready` says so."""
 
-    def __init__(self, *flags: str, log_path=None, wait: bool = True) -> None:
+    def __init__(
+        self,
+        *flags: str,
+        log_path=None,
+        wait: bool = True,
+        checkout: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`checkout`: another build's tree, served by its own virtual environment (default: this one)."""
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}/v1/realtime"
         self.log = open(log_path, "w") if log_path else None  # noqa: SIM115 - the process holds it
+        python = str(checkout / ".venv/bin/python") if checkout else sys.executable
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "realtime.cli",
-                "serve",
-                f"--port={self.port}",
-                "--log-level=warning",
-                *flags,
-            ],
-            cwd=Path(__file__).resolve().parent.parent,
+            [python, "-m", "realtime.cli", "serve", f"--port={self.port}", "--log-level=warning", *flags],
+            cwd=checkout or Path(__file__).resolve().parent.parent,
             stderr=self.log,
+            env={**os.environ, **(env or {})},
         )
         if wait:
             self.wait_ready()

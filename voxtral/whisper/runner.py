@@ -391,9 +391,9 @@ class WhisperRunner:
                 kept = len(state.committer.window_words)
                 shift = commit.trim_seconds
                 state.prefix = words.window_prefix(hyp.token_ids, commit.consumed_words, kept, shift)
+                # Everything it said after the consumed words, of which the prefix is the start.
                 said = words.window_prefix(hyp.token_ids, commit.consumed_words, len(hyp.token_ids), shift)
-                agrees = said[: len(state.prefix)] == state.prefix
-                state.draft = said[len(state.prefix) :] if agrees else []
+                state.draft = said[len(state.prefix) :]
         state.window_start = min(state.window_start, window.end)
         if window.commit_all and state.turns:  # the silence before the next turn, heard already
             self._leave_silence(state, state.turns[0].start)
