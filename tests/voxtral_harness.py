@@ -17,7 +17,7 @@ from tests.engine_events import listen
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec
 from voxtral.audio import SAMPLE_RATE
 from voxtral.loading import load_model
-from voxtral.voxtral_realtime.model import log_mel
+from voxtral.voxtral_realtime.model import VoxtralModel, log_mel
 
 # Three checkpoints that differ where the streaming code could go wrong: downsample
 # factor, delay, left padding, sliding windows shorter than the prompt, GQA.
@@ -39,6 +39,29 @@ BFLOAT16_SPEC = TinyVoxtralSpec(
     text_hidden=256, text_layers=8, text_heads=4, text_kv_heads=1, text_window=40,
     dtype=torch.bfloat16, init_range=0.1, seed=3,
 )  # fmt: skip
+
+
+class ShiftedRotary(torch.nn.Module):
+    """A stack's rotary embedding, each angle computed for a position `offset` later."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.offset = inner, 0
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor):
+        return self.inner(x, positions + self.offset)
+
+
+def shift_positions(model: VoxtralModel, seconds: float) -> None:
+    """From now on the encoder and the decoder compute their rotary angles as a session
+    `seconds` further on would: each stack's positions moved on at its own rate. Nothing else
+    changes (the rings, the prompt), as nothing else differs between hour 0 and hour 8."""
+    text_rate = SAMPLE_RATE / model.samples_per_position
+    rates = ((model.encoder, text_rate * model.downsample), (model.language_model, text_rate))
+    for stack, per_second in rates:
+        if not isinstance(stack.rotary_emb, ShiftedRotary):
+            stack.rotary_emb = ShiftedRotary(stack.rotary_emb)
+        stack.rotary_emb.offset = round(seconds * per_second)
 
 
 def pcm16_grid(samples: np.ndarray) -> np.ndarray:

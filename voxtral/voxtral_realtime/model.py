@@ -20,6 +20,7 @@ from transformers.models.voxtral_realtime.modeling_voxtral_realtime import apply
 from voxtral.audio import HOP, raw_log_mel
 from voxtral.errors import WeightsError
 from voxtral.voxtral_realtime.checkpoint import check_checkpoint, local_checkpoint
+from voxtral.voxtral_realtime.rotary import ExactRotary
 from voxtral.voxtral_realtime.sliding_kv import Rows, SlidingKV, StepMask
 from voxtral.voxtral_realtime.slots import RingShape, free_bytes, slots_that_fit
 
@@ -51,6 +52,8 @@ class VoxtralModel:
         config = model.config
         self.encoder = model.model.audio_tower
         self.language_model = model.model.language_model
+        for stack in (self.encoder, self.language_model):
+            stack.rotary_emb = ExactRotary(stack.rotary_emb)
         self.downsample = config.downsample_factor
         self.mel_frames_per_position = config.audio_length_per_tok
         self.samples_per_position = self.mel_frames_per_position * HOP
