@@ -91,9 +91,11 @@ class WhisperPolicy:
     # by one, and the step that decodes one alone returns its text sooner: at 4 sessions,
     # committed words 1.2 s after they were spoken, not 1.5 s (README, "How Whisper streams").
     max_windows_per_step: int = 1
-    # At full load each window is re-decoded at least this often (capacity's step budget):
-    # the latency a step adds to committed words stays under about a second.
-    step_period_seconds: float = 1.0
+    # The cadence under load: admission seats sessions while each window, all of them speaking,
+    # is re-decoded at least this often. Below that load windows are decoded as soon as they
+    # are due (`update_seconds`); above it each waits its turn, the longest due first, so a
+    # busy server decodes each window less often and seats more sessions, its words later.
+    step_period_seconds: float = 1.5
     # A turn is decoded, for interim text, once this much of it is heard; its words are
     # committed from `min_commit_seconds` on: hypotheses of less speech are unreliable
     # (tiny.en hears "The Lord" for "Hello", or "You" in the silence before a word), and
