@@ -2,8 +2,7 @@
 
 The same layers and weights as transformers' `WhisperDecoder`, called without its
 per-call machinery (cache objects, mask builders, hooks), the cross-attention keys laid
-out once per decode: at a few rows a pass on a 2-core CPU is mostly overhead (4 sessions'
-decoding took 276 ms a step through transformers' decoder, 204 ms here: README). Each call also
+out once per decode: at a few rows a pass on a CPU is mostly that overhead. Each call also
 returns where the alignment heads listened (their cross-attention weights, which fused
 attention does not give), from their keys copied out once.
 """

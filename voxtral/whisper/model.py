@@ -55,7 +55,7 @@ class WhisperModel:
     def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> None:
         """`int8` (CPU only): an English-only model's encoder gets int8 weights per output
         channel, activations quantized on the fly; its float32 products run near the CPU's
-        peak and int8 takes ~23 % off, offline WER unchanged (README). The multilingual base
+        peak, and int8 is faster at the same offline WER (docs/models.md). The multilingual base
         keeps a float32 encoder: int8 garbled its German streamed. The decoder's linear layers
         and the vocabulary projection get float16 weights (`half_weights.py`): at a few rows
         (decoding a token) float32 products are slow on a CPU."""

@@ -75,75 +75,37 @@ def _leading(words: list[Word], holds: Callable[[Word], bool]) -> int:
 
 @dataclass
 class WhisperPolicy:
-    """Streaming knobs; defaults measured on tiny.en with the 2-core CPU (see README)."""
+    """Streaming knobs, each what it does in a line; why each default is what it is, and what
+    other values did: docs/whisper-streaming.md, "The knobs"."""
 
-    # Or "alignatt" (see this module's docstring): at 4 sessions it committed about as soon, with
-    # 1.5 points more WER (11.7 % against 10.2 %, offline 9.8 %) (README, "How Whisper streams").
-    commit_policy: str = "local-agreement"
-    # An item: a decode reads the audio that has arrived, to within this much (0.5 s
-    # items made words wait up to 0.5 s for theirs before a step could see them).
-    chunk_seconds: float = 0.1
-    # A turn going on is re-decoded once this much new audio has arrived since its last
-    # decode: at 0.2 s each word was committed with less audio after it (22-24 % WER).
-    update_seconds: float = 0.5
-    # Windows of turns going on decoded per step, the longest due first (a turn's end and the
-    # input's are never held back). On a CPU a batch of windows costs about what they cost one
-    # by one, and the step that decodes one alone returns its text sooner: at 4 sessions,
-    # committed words 1.2 s after they were spoken, not 1.5 s (README, "How Whisper streams").
-    max_windows_per_step: int = 1
-    # The cadence under load: admission seats sessions while each window, all of them speaking,
-    # is re-decoded at least this often. Below that load windows are decoded as soon as they
-    # are due (`update_seconds`); above it each waits its turn, the longest due first, so a
-    # busy server decodes each window less often and seats more sessions, its words later.
-    step_period_seconds: float = 1.5
-    # A turn is decoded, for interim text, once this much of it is heard; its words are
-    # committed from `min_commit_seconds` on: hypotheses of less speech are unreliable
-    # (tiny.en hears "The Lord" for "Hello", or "You" in the silence before a word), and
-    # a committed word is forced on every later decode.
-    min_decode_seconds: float = 0.5
-    min_commit_seconds: float = 1.0
-    # A session that names no language is not decoded before this much speech, from
-    # which a multilingual model detects it (`voxtral/whisper/language.py`).
-    detect_language_seconds: float = 2.0
-    language_sure: float = 0.7
-    max_detect_seconds: float = 6.0
+    commit_policy: str = "local-agreement"  # or "alignatt" (this module's docstring)
+    chunk_seconds: float = 0.1  # an item's audio: a decode reads what arrived to within this
+    update_seconds: float = 0.5  # a turn going on is re-decoded once this much new audio came
+    max_windows_per_step: int = 1  # per lane: windows of turns going on decoded per step
+    step_period_seconds: float = 1.5  # at full load each window is re-decoded this often
+    min_decode_seconds: float = 0.5  # a turn's first decode (interim text) after this much
+    min_commit_seconds: float = 1.0  # a turn's words are committed after this much of it
+    detect_language_seconds: float = 2.0  # no language named: each guess after this much more
+    language_sure: float = 0.7  # a guess this likely decides the language
+    max_detect_seconds: float = 6.0  # after this much speech the likeliest language is taken
     max_window_seconds: float = 24.0  # past this, commit what is there and move on
-    # Committed segments stay in the window until it is this long: context makes
-    # Whisper more accurate, and the encoder pads short windows anyway.
-    trim_after_seconds: float = 12.0
-    # A trim leaves the window at least this long: the next turn's first words are heard
-    # after what was said before them. Trimmed to the last committed segment, a turn
-    # often started a window of its own ("It's not you were in pain" for "You thought you
-    # were in pain"): real speech streamed at 2.6 % WER, 0.9 % keeping 4 s (the offline
-    # decode's text its reference, one step per 1.2 s); the synthetic passages unchanged.
-    trim_keep_seconds: float = 4.0
-    stall_seconds: float = 1.0  # or when the text ends this much before the audio (see `_commit`)
-    # Words the decoder heard in the window's last this-many seconds are not committed
-    # yet: Whisper mishears a word cut at the window's end. Windows end wherever a step
-    # finds the audio: 0.4 s let the test's passages' WER swing 5-11 % with the chunking.
-    holdback_seconds: float = 0.6
-    # LocalAgreement: a word two hypotheses have not agreed on is committed anyway once the
-    # decoder heard it this long before the window's end: the wait for agreement is bounded.
-    settle_seconds: float = 1.2
-    # While no one speaks the window keeps this much of the past: the VAD reports a
-    # start a little late, and a soft onset may sit before it.
-    lead_in_seconds: float = 0.5
+    trim_after_seconds: float = 12.0  # committed segments stay in a window shorter than this
+    trim_keep_seconds: float = 4.0  # a trim leaves at least this much, the next words' context
+    stall_seconds: float = 1.0  # text ending this much before the audio: trim past it
+    holdback_seconds: float = 0.6  # words heard in the window's last this-much wait
+    settle_seconds: float = 1.2  # words heard this long before the window's end need no agreement
+    lead_in_seconds: float = 0.5  # kept before a turn's start: the VAD reports starts late
     endpoint_tail_seconds: float = 0.3  # audio after a turn's end decoded with it
-    # A turn's window stays as context for the next turn (Whisper hears a sentence better
-    # after the one before it) unless the silence between them is longer than this.
-    context_silence_seconds: float = 3.0
+    context_silence_seconds: float = 3.0  # a longer silence ends a window's use as context
     min_encoder_seconds: float = 10.0  # shorter windows are padded to this
-    encoder_bucket_seconds: float = 1.0
-    no_speech_prob: float = 0.6
+    encoder_bucket_seconds: float = 1.0  # encoder lengths are rounded up to this
+    no_speech_prob: float = 0.6  # with `logprob_floor`: Whisper's test for a window without speech
     logprob_floor: float = -1.0
-    # Silence the encoder sees after the window: without it tiny.en loops on the last words.
-    # 2 s lost whole sentences of a session streamed beside another (benchmark, 2 sessions).
-    tail_pad_seconds: float = 3.0
-    max_compression_ratio: float = 2.4
-    tokens_per_second: float = 6.0
-    # A full window of read speech (the real recordings, 12 s) reads about this many tokens in
-    # one pass (prompt and committed words) and generates about this many: the dummy decode
-    # timed at load, admission's prior (`WhisperRunner.full_window_cost`).
+    tail_pad_seconds: float = 3.0  # silence the encoder reads after the window
+    max_compression_ratio: float = 2.4  # a tail that compresses better than this is a loop
+    tokens_per_second: float = 6.0  # a decode's budget: this many tokens per second of window
+    # Admission's prior (`WhisperRunner.full_window_cost`): a full window's decode reads about
+    # this many tokens in one pass and generates about this many.
     full_window_read_tokens: int = 40
     full_window_generated_tokens: int = 10
 
@@ -316,8 +278,7 @@ def compression_ratio(text: str) -> float:
 LOOP_WORDS = 5  # a segment that says again this many words in a row of an earlier one may be a loop
 # A repeat is a loop only where it starts this close to the end of the window's audio, or
 # in the silence padded after it: people say things twice ("Do you hear me? Yes. Do you
-# hear me? Yes."), and dropping every repeat lost them (real speech, 4.4 % streamed WER
-# against 2.0 %; synthetic passages unchanged: `benchmarks/streaming_wer.py`).
+# hear me? Yes."), and dropping every repeat lost them (`benchmarks/streaming_wer.py`).
 LOOP_MARGIN_SECONDS = 0.5
 
 
