@@ -24,13 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.engine_throughput import isolated, speech
+from benchmarks.engine_throughput import isolated, setup, speech
 from benchmarks.voxtral_real_size import build
-from realtime.config import EngineConfig
 from realtime.engine import Engine
-from realtime.logs import configure_logging
-from tests.voxtral_harness import Feed, drive, pieces, shift_positions
-from voxtral.loading import load_model
+from tests.voxtral_harness import Feed, drive, pieces, shift_positions, voxtral_engine
 
 
 def decode_logits(engine: Engine, audio: np.ndarray, forced: list[int] | None) -> list[torch.Tensor]:
@@ -66,9 +63,8 @@ def compare(logits: list[torch.Tensor], reference: list[torch.Tensor]) -> dict:
 
 
 def run(path: Path, audio: np.ndarray, dtype: str, hours: list[float], threads: int) -> dict:
-    configure_logging("warning")
-    torch.set_num_threads(threads)
-    engine = Engine(load_model(str(path), "cpu", dtype, max_sessions=1).runner, EngineConfig(max_sessions=1))
+    setup(threads)
+    engine = voxtral_engine(path, max_sessions=1, dtype=dtype)
     model = engine.runner.model
     reference = decode_logits(engine, audio, None)
     tokens = [int(row.argmax()) for row in reference]
@@ -82,7 +78,6 @@ def run(path: Path, audio: np.ndarray, dtype: str, hours: list[float], threads: 
     for offset in hours:
         shift_positions(model, offset * 3600)
         out["hours"][str(offset)] = compare(decode_logits(engine, audio, tokens), reference)
-    shift_positions(model, 0)
     return out
 
 
