@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
+from captions import render
 from clients.audio import SAMPLE_RATE, load_audio_file
 from clients.connection import RETRY_SECONDS, ServerError, commit, reopened, send_audio, update_session
 from clients.stream import (
@@ -23,7 +24,6 @@ from clients.stream import (
     EXIT_USAGE,
     refusal_notice,
 )
-from clients.subtitles import render
 
 CHUNK = SAMPLE_RATE // 10  # 100 ms
 CLOSE_WAIT_SECONDS = 15.0  # a draining server closes after its running utterances are done

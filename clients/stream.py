@@ -9,9 +9,9 @@ from collections.abc import Callable
 import soundfile
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
+from captions import FORMATS, render
 from clients.audio import load_audio_file
 from clients.connection import RETRY_SECONDS, ServerError, reopened, stream_utterance
-from clients.subtitles import FORMATS, render
 
 EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"

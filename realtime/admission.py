@@ -5,8 +5,6 @@ import asyncio
 import time
 
 import structlog
-from websockets.asyncio.server import ServerConnection
-from websockets.protocol import State
 
 from realtime.connection import Connection
 from realtime.engine import Engine
@@ -23,8 +21,8 @@ class Admission:
         self.engine, self.metrics, self.connections = engine, metrics, connections
         self.max_sessions = max_sessions
         self.max_lag_seconds = engine.config.capacity.max_lag_seconds
-        # Upgrades admitted whose handler has not started yet: they hold a seat already.
-        self.admitting: set[ServerConnection] = set()
+        # Upgrades admitted and not yet accepted: they hold a seat already.
+        self.admitting: set[object] = set()
         self.lag_seconds = 0.0  # the furthest a session was behind real time at the last check
         self.last_shed_at = 0.0
 
@@ -32,7 +30,6 @@ class Admission:
         """(sessions held or being admitted, sessions that fit now). A connection holds a seat
         for each utterance it has in the engine (OpenAI's committed turns still decoding), and
         one while it has none."""
-        self.admitting = {c for c in self.admitting if c.state is State.CONNECTING}
         fit = min(self.max_sessions, self.engine.stats().capacity_sessions)
         held = sum(max(1, len(c.utterances)) for c in self.connections)
         return held + len(self.admitting), fit
@@ -46,13 +43,13 @@ class Admission:
             return f"sessions are {self.lag_seconds:.1f} s behind real time"
         return None
 
-    def admit(self, upgrade: ServerConnection) -> str | None:
+    def admit(self, upgrade: object) -> str | None:
         """Seat the upgrade, or say why not."""
         if (reason := self.busy()) is None:
             self.admitting.add(upgrade)
         return reason
 
-    def seated(self, upgrade: ServerConnection) -> None:
+    def seated(self, upgrade: object) -> None:
         self.admitting.discard(upgrade)
 
     async def watch(self) -> None:

@@ -80,6 +80,19 @@ async def _demo(args: argparse.Namespace) -> int:
     return 0 if result.done else 1
 
 
+async def _transcribe(args: argparse.Namespace) -> int:
+    """`voxrt transcribe` with no `--url`: a server on a free local port for its files."""
+    from clients import transcribe
+
+    args.port, args.host = 0, "127.0.0.1"
+    server = build_server(args)
+    await server.start()
+    try:
+        return await asyncio.to_thread(transcribe.run_files, f"http://127.0.0.1:{server.port}", args)
+    finally:
+        await server.drain_and_stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="voxrt", description="Realtime transcription server for long sessions"
@@ -90,7 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve_arguments(demo)
     demo.add_argument("file", nargs="?", default=str(SAMPLE))
 
-    from clients import mic, soak, stream
+    transcribe_parser = sub.add_parser(
+        "transcribe", help="recordings to text or captions through the file API"
+    )
+    _add_serve_arguments(transcribe_parser)  # the server it starts without --url
+    from clients import mic, soak, stream, transcribe
+
+    transcribe.add_arguments(transcribe_parser)
 
     clients = {
         "stream": (stream, "stream audio files to a server"),
@@ -107,10 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
-        if args.command == "demo":
+        if args.command in ("demo", "transcribe"):
             if args.log_level == "info":
                 configure_logging("warning")
-            return asyncio.run(_demo(args))
+            if args.command == "transcribe" and args.url is not None:
+                return transcribe.run(args)
+            return asyncio.run(_demo(args) if args.command == "demo" else _transcribe(args))
         return clients[args.command][0].run(args)
     except WeightsError as exc:
         structlog.get_logger("voxrt").error("model.load_failed", error=str(exc))

@@ -13,6 +13,7 @@ class AddUtterance:
     utterance_id: str
     vad: VadConfig
     transcription: Transcription
+    priority: int = 0  # `Request.priority`
 
 
 @dataclass

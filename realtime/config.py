@@ -34,7 +34,13 @@ class ServerConfig:
     max_frame_bytes: int = field(
         default=1 << 20, metadata=setting("a larger WebSocket frame closes with 1009")
     )
-    api_key: str | None = field(default=None, metadata=setting("the key every WebSocket upgrade must carry"))
+    api_key: str | None = field(
+        default=None, metadata=setting("the key every WebSocket upgrade and upload must carry")
+    )
+    max_upload_mb: int = field(
+        default=200, metadata=setting("a larger upload to /v1/audio/transcriptions is refused with 413")
+    )
+    max_uploads: int = field(default=2, metadata=setting("uploads transcribed at once; more get 429"))
     drain_seconds: float = field(
         default=10.0, metadata=setting("on SIGTERM, how long running utterances may take to finish")
     )

@@ -7,14 +7,14 @@ into calls here and engine events into server events; this class owns what both 
 import asyncio
 import contextlib
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import structlog
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
+from starlette.types import Message
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime.config import ServedModel
 from realtime.engine import Engine
@@ -26,6 +26,9 @@ from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import Transcription
 from voxtral.vad import VadConfig
 
+# What a connection whose reads wait for the engine still reads on, looking for the client's
+# disconnect behind the messages its last read brought.
+READ_AHEAD_BYTES = 1 << 20
 RECV_WAITED_SECONDS = 0.01  # a read that took this long found no event already waiting
 CLOSE_SECONDS = 2.0  # how long a close waits for the queued events and the peer's close frame
 
@@ -62,7 +65,7 @@ class Connection:
 
     def __init__(
         self,
-        websocket: ServerConnection,
+        websocket: WebSocket,
         engine: Engine,
         metrics: Metrics,
         limits: ConnectionLimits,
@@ -94,20 +97,22 @@ class Connection:
         self.num_errors = 0
         self.closing: asyncio.Future | None = None
         self.sender: asyncio.Task | None = None
+        self.incoming: asyncio.Future | None = None  # a read asked for, not yet answered
+        self.ahead: deque[Message] = deque()  # messages read, not yet handled
+        self.ahead_bytes = 0
+        self.close_code: int | None = None  # sent or received
 
     async def run(self, wire: WireSession) -> None:
         self.wire = wire  # a vLLM session may hand over to an OpenAI one on the first event
         self.sender = asyncio.create_task(self._send_loop())
         wire.opened()
-        self.log.info(
-            "connection.open", remote=str(self.websocket.remote_address), protocol=type(wire).__name__
-        )
+        self.log.info("connection.open", remote=str(self.websocket.client), protocol=type(wire).__name__)
         try:
             while self.closing is None:
                 try:
                     asked_at = time.monotonic()
                     async with asyncio.timeout(self.limits.idle_seconds):
-                        message = await self.websocket.recv()
+                        message = await self._receive()
                     if time.monotonic() - asked_at > RECV_WAITED_SECONDS:
                         self.read_all_at = asked_at
                 except TimeoutError:
@@ -115,6 +120,8 @@ class Connection:
                         seconds = f"{self.limits.idle_seconds:g}"
                         await self.close(1000, "idle_timeout", f"no event for {seconds} s")
                     continue
+                if message is None:
+                    break
                 # recv() returns without suspending while frames are buffered: yield once per
                 # event, or a flooding client holds the event loop for hundreds of events.
                 await asyncio.sleep(0)
@@ -134,13 +141,14 @@ class Connection:
                     rate = f"{self.limits.max_events_per_second:g}"
                     self.send_error("rate_limited", f"over {rate} events per second: events dropped")
             # Closed by the server (from here, or shed from outside): the close frame with its
-            # reason goes before the handler returns, or websockets would close with 1000.
-            await self.closing
-        except ConnectionClosed:
-            pass
+            # reason goes before the handler returns.
+            if self.closing is not None:
+                await self.closing
         finally:
             self.abort_all()
             self.sender.cancel()
+            if self.incoming is not None:
+                self.incoming.cancel()
             self.log.info(
                 "connection.close",
                 seconds=round(time.monotonic() - self.started_at, 3),
@@ -148,8 +156,32 @@ class Connection:
                 utterances=self.num_utterances,
                 deltas=self.num_deltas,
                 errors=self.num_errors,
-                close_code=self.websocket.close_code,
+                close_code=self.close_code,
             )
+
+    async def _receive(self) -> str | bytes | None:
+        """The client's next message, or None once it is gone."""
+        if not self.ahead:
+            await self._read()
+        message = self.ahead.popleft()
+        self.ahead_bytes -= _size(message)
+        if message["type"] == "websocket.disconnect":
+            self.close_code = self.close_code or message.get("code")
+            return None
+        return message["text"] if message.get("text") is not None else message["bytes"]
+
+    async def _read(self) -> None:
+        """One more message into `ahead`. A timeout leaves the read asked for: the next call
+        takes its message."""
+        if self.incoming is None:
+            self.incoming = asyncio.ensure_future(self.websocket.receive())
+        message = await asyncio.shield(self.incoming)
+        self.incoming = None
+        self.ahead.append(message)
+        self.ahead_bytes += _size(message)
+
+    def _gone(self) -> bool:
+        return bool(self.ahead) and self.ahead[-1]["type"] == "websocket.disconnect"
 
     @property
     def finishing(self) -> bool:
@@ -159,10 +191,9 @@ class Connection:
     async def _send_loop(self) -> None:
         try:
             while (text := await self.outbox.get()) is not None:
-                # Encoded here, not by websockets, which fails the connection without a reason
-                # on text that is no UTF-8.
-                await self.websocket.send(text.encode(), text=True)
-        except ConnectionClosed:
+                # Text that is no UTF-8 raises here: the connection closes with a reason.
+                await self.websocket.send_text(text)
+        except WebSocketDisconnect:
             pass
         except Exception:
             # An event that cannot go out: this connection ends with a reason, no other does.
@@ -191,26 +222,32 @@ class Connection:
         await self.close_frame(code, reason)
 
     async def close_frame(self, code: int, reason: str) -> None:
-        """The close frame, and the peer's answer for at most `CLOSE_SECONDS`; then the TCP
-        connection goes whatever the peer does."""
+        """The close frame, waiting at most `CLOSE_SECONDS` for room in the socket: a peer that
+        reads nothing is dropped by the kernel (the listening socket's `TCP_USER_TIMEOUT`)."""
+        self.close_code = self.close_code or code
         try:
             async with asyncio.timeout(CLOSE_SECONDS):
                 await self.websocket.close(code, reason)
-        except Exception:
-            self.websocket.transport.abort()
+        except Exception:  # gone, or closed already: nothing more to say to it
+            self.log.info("connection.close_frame_not_sent", code=code)
 
     async def _backpressure(self) -> None:
         """Read no further while the engine has more than `max_buffered_seconds` of this
-        connection's audio to consume: the client's sends then wait on TCP. A socket that
-        closes meanwhile ends the wait."""
+        connection's audio to consume: the client's sends then wait on TCP. A client
+        that disconnects meanwhile ends the wait."""
         limit = self.limits.max_buffered_seconds * SAMPLE_RATE
         while (
             self.utterances
             and self.closing is None
-            and self.websocket.state is State.OPEN
+            and not self._gone()
             and self._unconsumed_samples() > limit
         ):
-            await asyncio.sleep(0.05)
+            if self.ahead_bytes < READ_AHEAD_BYTES:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await self._read()
+            else:
+                await asyncio.sleep(0.05)
 
     def _unconsumed_samples(self) -> int:
         consumed = self.engine.stats().consumed_samples
@@ -237,10 +274,8 @@ class Connection:
             self.metrics.closes.labels(reason="slow_consumer").inc()
             self.log.warning("connection.slow_consumer", outbox=self.outbox.qsize())
             self.abort_all()
-            # The close frame may never reach a client that does not read: websockets
-            # then drops the TCP connection after its close timeout.
             self.closing = asyncio.ensure_future(
-                self.websocket.close(1008, "slow_consumer: client is not reading events")
+                self.close_frame(1008, "slow_consumer: client is not reading events")
             )
 
     def send_error(self, code: str, message: str) -> None:
@@ -334,3 +369,7 @@ class Connection:
         self.metrics.utterances_active.dec()
         if not self.utterances:
             self.idle.set()
+
+
+def _size(message: Message) -> int:
+    return len(message.get("text") or message.get("bytes") or "")

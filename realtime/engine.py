@@ -73,10 +73,15 @@ class Engine:
         return self._thread.is_alive()
 
     def add_utterance(
-        self, utterance_id: str, vad: VadConfig | None = None, transcription: Transcription = Transcription()
+        self,
+        utterance_id: str,
+        vad: VadConfig | None = None,
+        transcription: Transcription = Transcription(),
+        priority: int = 0,
     ) -> None:
-        """Its turn detection (default: the engine's), language and task (default: the model's choice)."""
-        self._commands.put(AddUtterance(utterance_id, vad or VadConfig(), transcription))
+        """Its turn detection (default: the engine's), language and task (default: the model's
+        choice), and its priority (`Request.priority`: 0 for live speech)."""
+        self._commands.put(AddUtterance(utterance_id, vad or VadConfig(), transcription, priority))
 
     def add_audio(self, utterance_id: str, samples: np.ndarray, arrived_at: float | None = None) -> None:
         """`arrived_at`: when the audio reached the server (default: now)."""
@@ -245,7 +250,12 @@ class Engine:
         self.num_steps += 1
         self.model_seconds += result.model_seconds
         outputs = [(rid, output) for rid, outs in result.outputs.items() for output in outs]
-        windows = [output.window_seconds for _, output in outputs if output.num_tokens]
+        # Capacity is what live speech costs: uploads take only the steps it leaves.
+        windows = [
+            output.window_seconds
+            for rid, output in outputs
+            if output.num_tokens and (u := self.utterances.get(rid)) is not None and not u.request.priority
+        ]
         self.capacity.record(time.monotonic(), result.model_seconds, windows)
         if self.on_step is not None:
             self.on_step(result.model_seconds, len(windows))

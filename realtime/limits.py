@@ -4,8 +4,6 @@ import ipaddress
 import time
 from dataclasses import dataclass, field
 
-from websockets.datastructures import Headers
-
 from realtime.settings import setting
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -57,17 +55,14 @@ def parse_networks(text: str) -> list[Network]:
     return [ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",") if part.strip()]
 
 
-def client_address(peer: str, headers: Headers, trusted_proxies: list[Network]) -> str:
+def client_address(peer: str, forwarded_for: list[str], trusted_proxies: list[Network]) -> str:
     """The peer, or behind trusted proxies the nearest untrusted address they forwarded for.
 
-    `X-Forwarded-For` is read from the right: each trusted proxy appended the address it
-    saw, and anything left of the first untrusted one may be forged by the client.
+    `forwarded_for`, the `X-Forwarded-For` headers, is read from the right: each trusted
+    proxy appended the address it saw, and anything left of the first untrusted one may be
+    forged by the client.
     """
-    chain = [peer] + [
-        a.strip()
-        for value in reversed(headers.get_all("X-Forwarded-For"))
-        for a in reversed(value.split(","))
-    ]
+    chain = [peer] + [a.strip() for value in reversed(forwarded_for) for a in reversed(value.split(","))]
     for address in chain:
         try:
             ip = ipaddress.ip_address(address)

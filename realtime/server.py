@@ -1,4 +1,6 @@
-"""The WebSocket server: `/v1/realtime`, `/health`, `/metrics` on one port, with a graceful drain."""
+"""The server: `/v1/realtime` (WebSocket), `/health`, `/metrics` and the page on one port, with
+a graceful drain. uvicorn serves the sockets, WebSockets through `websockets`' own protocol;
+starlette routes each request to a method here."""
 
 import asyncio
 import contextlib
@@ -8,27 +10,35 @@ import signal
 import socket
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from http import HTTPStatus
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from typing import Protocol
 
 import structlog
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
-from websockets.http11 import Request, Response
+import uvicorn
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from realtime import heap
 from realtime.admission import Admission
+from realtime.audio_file import AudioFileError
 from realtime.config import ConfigError, ServedModel, ServerConfig
-from realtime.connection import Connection
+from realtime.connection import CLOSE_SECONDS, Connection
 from realtime.engine import Engine
 from realtime.events import EngineEvent
 from realtime.limits import client_address
 from realtime.metrics import Metrics
-from realtime.protocols import openai_wire
+from realtime.protocols import file_api, openai_wire
 from realtime.protocols import vllm as protocol
+from realtime.protocols.common import ProtocolError
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.vllm import VllmSession
+from realtime.uploads import UploadRefused, Uploads
 
 log = structlog.get_logger("voxrt.server")
 
@@ -38,14 +48,29 @@ PAGE = Path(__file__).parent / "static" / "index.html"  # a page to try voxrt in
 # client uploading faster than the engine consumes waits in its own send call, and a
 # keepalive pong does not queue behind minutes of audio (Linux lets it grow to 32 MiB).
 RECEIVE_BUFFER_BYTES = 256 << 10
-# What the loop reads at once: websockets parses a whole read in one callback, and asyncio's
-# 256 KiB of a flooding client's tiny frames held the loop ~50 ms. 16 KiB: four audio events.
-READ_BYTES = 16 << 10
+# How long the kernel keeps a connection whose peer takes none of what is sent: a client
+# that stopped reading, or a close frame it never reads, ends here (ASGI cannot abort a socket).
+UNACKNOWLEDGED_SECONDS = 30
 # Browsers cannot set headers on a WebSocket: OpenAI's browser clients send the key as a subprotocol.
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 ENGINE_CHECK_SECONDS = 1.0
 # What a refused client is told to wait: about the capacity window's time to measure anew.
 RETRY_AFTER_SECONDS = 5
+
+
+class Listener(Protocol):
+    """Where an utterance's engine events go: a WebSocket connection, or an upload."""
+
+    def on_engine_event(self, utterance_id: str, event: EngineEvent) -> None: ...
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers: a signal starts the drain here, which ends the
+    sessions before uvicorn closes their sockets."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class RealtimeServer:
@@ -60,29 +85,37 @@ class RealtimeServer:
         self.model = model
         self.connections_by_address: Counter[str] = Counter()
         self.connections: set[Connection] = set()
-        self.routes: dict[str, Connection] = {}  # utterance id -> the connection it is for
+        self.routes: dict[str, Listener] = {}  # utterance id -> the connection or upload it is for
         self.admission = Admission(engine, self.metrics, self.connections, config.max_sessions)
+        self.uploads = Uploads(engine, self.metrics, model, self.routes, config.max_uploads)
         self.draining = False
-        self.server: Server | None = None
+        self.uvicorn: _Uvicorn | None = None
+        self.serving: asyncio.Task | None = None
         self.watcher: asyncio.Task | None = None
         self.trimmer: asyncio.Task | None = None
         self.port: int | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/health", self._health),
+                Route("/health/live", self._health),
+                Route("/health/ready", self._health),
+                Route("/metrics", self._metrics),
+                Route("/", self._page),
+                Route("/v1/audio/transcriptions", self._transcriptions, methods=["POST"]),
+                Route("/v1/audio/translations", self._translations, methods=["POST"]),
+                WebSocketRoute(REALTIME_PATH, self._realtime),
+                WebSocketRoute("/{path:path}", self._no_such_socket),
+            ]
+        )
 
-    def _respond(self, connection: ServerConnection, status: HTTPStatus, body: str, ctype: str) -> Response:
-        response = connection.respond(status, body)
-        response.headers["Content-Type"] = ctype
-        return response
-
-    def _refuse(self, connection: ServerConnection, status: HTTPStatus, code: str, message: str) -> Response:
+    def _refusal(self, request: HTTPConnection, status: HTTPStatus, code: str, message: str) -> Response:
         self.metrics.errors.labels(code=code).inc()
         self.metrics.refusals.labels(reason=code).inc()
         log.info("server.refused", code=code, status=int(status))
-        shape = openai_wire.error if _wants_openai(connection.request) else protocol.error
-        body = shape(code, message)
-        response = self._respond(connection, status, body + "\n", "application/json")
-        if status == HTTPStatus.SERVICE_UNAVAILABLE:
-            response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-        return response
+        shape = openai_wire.error if _wants_openai(request) else protocol.error
+        busy = status == HTTPStatus.SERVICE_UNAVAILABLE
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if busy else None
+        return Response(shape(code, message) + "\n", status, headers, media_type="application/json")
 
     def _authorized(self, headers: Headers) -> bool:
         """The key as a bearer header, or as the subprotocol OpenAI's browser clients send."""
@@ -96,7 +129,7 @@ class RealtimeServer:
         expected = f"Bearer {self.config.api_key}".encode()
         return any(hmac.compare_digest(g.encode(), expected) for g in given)
 
-    def _health(self, connection: ServerConnection, path: str) -> Response:
+    async def _health(self, request: Request) -> Response:
         """`/health/live`: the engine thread runs. `/health/ready`: also accepting new connections
         (not draining, not at capacity, no step fault the engine could not narrow to an
         utterance). `/health`: liveness, with the figures."""
@@ -110,6 +143,7 @@ class RealtimeServer:
             status = "at_capacity"
         else:
             status = "ok"
+        path = request.url.path
         healthy = status == "ok" or (path != "/health/ready" and status != "engine_dead")
         stats, (_, fit) = self.engine.stats(), self.admission.seats()
         body = {
@@ -124,50 +158,80 @@ class RealtimeServer:
             "utterances": stats.utterances,
         }
         code = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
-        return self._respond(connection, code, json.dumps(body) + "\n", "application/json")
+        return Response(json.dumps(body) + "\n", code, media_type="application/json")
 
-    async def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = request.path.split("?", 1)[0]
-        if path in ("/health", "/health/live", "/health/ready"):
-            return self._health(connection, path)
-        if path == "/metrics":
-            return self._respond(
-                connection, HTTPStatus.OK, self.metrics.render().decode(), "text/plain; version=0.0.4"
-            )
-        if path == "/" and request.headers.get("Upgrade", "").lower() != "websocket":
-            return self._respond(connection, HTTPStatus.OK, PAGE.read_text(), "text/html; charset=utf-8")
-        if path != REALTIME_PATH:
-            return self._respond(connection, HTTPStatus.NOT_FOUND, "not found\n", "text/plain")
-        origin = request.headers.get("Origin")
+    async def _metrics(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def _page(self, request: Request) -> Response:
+        return HTMLResponse(PAGE.read_text())
+
+    async def _no_such_socket(self, websocket: WebSocket) -> None:
+        await websocket.send_denial_response(PlainTextResponse("not found\n", HTTPStatus.NOT_FOUND))
+
+    async def _transcriptions(self, request: Request) -> Response:
+        return await self._upload(request, "transcribe")
+
+    async def _translations(self, request: Request) -> Response:
+        return await self._upload(request, "translate")
+
+    async def _upload(self, request: Request, task: str) -> Response:
+        """OpenAI's file API: every mistake answered in its error shape, the others carry on."""
+        refused: tuple[HTTPStatus, str, str] | None = None
+        if not self._authorized(request.headers):
+            refused = HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key"
+        elif self.draining:
+            refused = HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"
+        elif not self.engine.healthy:
+            refused = HTTPStatus.SERVICE_UNAVAILABLE, "engine_faulted", "the engine failed a step"
+        else:
+            try:
+                return await self.uploads.respond(request, task, self.config.max_upload_mb << 20)
+            except UploadRefused as exc:
+                refused = exc.status, exc.code, exc.message
+            except (ProtocolError, AudioFileError) as exc:
+                code = exc.code if isinstance(exc, ProtocolError) else "invalid_file"
+                refused = HTTPStatus.BAD_REQUEST, code, str(exc)
+        status, code, message = refused
+        self.metrics.errors.labels(code=code).inc()
+        log.info("server.upload_refused", code=code, status=int(status))
+        retry = status in (HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.TOO_MANY_REQUESTS)
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else None
+        body = file_api.error_body(code, message, server=status >= HTTPStatus.INTERNAL_SERVER_ERROR)
+        return Response(body, status, headers, media_type="application/json")
+
+    def _refuse_upgrade(self, websocket: WebSocket) -> Response | None:
+        """Why this upgrade gets no session (an HTTP response), or None: it is seated."""
+        origin = websocket.headers.get("Origin")
         if self.config.allowed_origins and origin is not None and origin not in self.config.allowed_origins:
-            return self._refuse(
-                connection,
+            return self._refusal(
+                websocket,
                 HTTPStatus.FORBIDDEN,
                 "origin_not_allowed",
                 f"origin {origin[:200]!r} is not allowed",
             )
-        if not self._authorized(request.headers):
-            return self._refuse(
-                connection, HTTPStatus.UNAUTHORIZED, "unauthorized", "missing or wrong API key"
+        if not self._authorized(websocket.headers):
+            return self._refusal(
+                websocket, HTTPStatus.UNAUTHORIZED, "unauthorized", "missing or wrong API key"
             )
         if self.draining:
-            return self._refuse(
-                connection, HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"
+            return self._refusal(
+                websocket, HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"
             )
         if not self.engine.healthy:
-            return self._refuse(
-                connection, HTTPStatus.SERVICE_UNAVAILABLE, "engine_faulted", "the engine failed a step"
+            return self._refusal(
+                websocket, HTTPStatus.SERVICE_UNAVAILABLE, "engine_faulted", "the engine failed a step"
             )
         limit = self.config.max_connections_per_ip
-        if limit and self.connections_by_address[self._address(connection)] >= limit:
-            return self._refuse(
-                connection,
+        if limit and self.connections_by_address[self._address(websocket)] >= limit:
+            return self._refusal(
+                websocket,
                 HTTPStatus.TOO_MANY_REQUESTS,
                 "too_many_connections_from_address",
                 f"at most {limit} connections from one address",
             )
-        if (busy := self.admission.admit(connection)) is not None:
-            return self._refuse(connection, HTTPStatus.SERVICE_UNAVAILABLE, "server_busy", busy)
+        if (busy := self.admission.admit(websocket)) is not None:
+            return self._refusal(websocket, HTTPStatus.SERVICE_UNAVAILABLE, "server_busy", busy)
         return None
 
     def _route(self, events: list[tuple[str, EngineEvent]]) -> None:
@@ -177,26 +241,36 @@ class RealtimeServer:
                 try:
                     connection.on_engine_event(utterance_id, event)
                 except Exception:
-                    connection.log.exception("connection.event_failed", engine_event=type(event).__name__)
+                    log.exception(
+                        "server.event_failed", utterance=utterance_id, engine_event=type(event).__name__
+                    )
 
-    def _address(self, connection: ServerConnection) -> str:
-        peer = connection.remote_address[0]
-        return client_address(peer, connection.request.headers, self.config.trusted_proxies)
+    def _address(self, request: HTTPConnection) -> str:
+        peer = request.client.host if request.client else ""
+        forwarded_for = request.headers.getlist("X-Forwarded-For")
+        return client_address(peer, forwarded_for, self.config.trusted_proxies)
 
-    async def _handle(self, websocket: ServerConnection) -> None:
+    async def _realtime(self, websocket: WebSocket) -> None:
+        if (refusal := self._refuse_upgrade(websocket)) is not None:
+            await websocket.send_denial_response(refusal)
+            return
+        try:
+            # A browser that offered subprotocols refuses an upgrade that picks none; OpenAI's
+            # browser clients offer `realtime` with their key. Never the key.
+            await websocket.accept("realtime" if "realtime" in _subprotocols(websocket.headers) else None)
+        finally:
+            self.admission.seated(websocket)
         connection_id = f"sess-{uuid.uuid4().hex}"
-        websocket.transport.max_size = READ_BYTES  # asyncio's recv() size
         connection = Connection(
             websocket, self.engine, self.metrics, self.config.limits, self.model, self.routes, connection_id
         )
-        openai = _wants_openai(websocket.request)
         address = self._address(websocket)
         self.connections_by_address[address] += 1
         self.connections.add(connection)
-        self.admission.seated(websocket)
         self.metrics.connections_active.inc()
         try:
-            await connection.run(OpenAISession(connection) if openai else VllmSession(connection))
+            wire = OpenAISession(connection) if _wants_openai(websocket) else VllmSession(connection)
+            await connection.run(wire)
         finally:
             self.connections.discard(connection)
             self.connections_by_address[address] -= 1
@@ -209,21 +283,35 @@ class RealtimeServer:
         loop = asyncio.get_running_loop()
         self.engine.on_events = lambda events: loop.call_soon_threadsafe(self._route, events)
         self.engine.start()
-        self.server = await serve(
-            self._handle,
-            sock=_listening_socket(self.config.host, self.config.port),
-            process_request=self._process_request,
-            select_subprotocol=_select_subprotocol,
-            max_size=self.config.max_frame_bytes,
-            max_queue=16,
-            # Pings keep idle balancers and NATs from dropping the connection. No pong deadline:
-            # a client uploading faster than real time has its pong queued behind audio the
-            # server deliberately does not read yet; a vanished peer sends no events and is
-            # closed by the idle timeout instead.
-            ping_interval=20,
-            ping_timeout=None,
+        sock = _listening_socket(self.config.host, self.config.port)
+        self.port = sock.getsockname()[1]
+        self.uvicorn = _Uvicorn(
+            uvicorn.Config(
+                self.app,
+                http="h11",
+                ws="websockets-sansio",
+                ws_max_size=self.config.max_frame_bytes,
+                # Pings keep idle balancers and NATs from dropping the connection. No pong
+                # deadline: a client uploading faster than real time has its pong queued
+                # behind audio the server deliberately does not read yet; a vanished peer
+                # sends no events and is closed by the idle timeout instead.
+                ws_ping_interval=20,
+                ws_ping_timeout=None,
+                lifespan="off",
+                # The client's address is read behind --trusted-proxies only (realtime/limits.py).
+                proxy_headers=False,
+                server_header=False,
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=int(CLOSE_SECONDS) + 1,
+            )
         )
-        self.port = self.server.sockets[0].getsockname()[1]
+        self.serving = asyncio.create_task(self.uvicorn.serve(sockets=[sock]))
+        while not self.uvicorn.started:
+            if self.serving.done():
+                self.serving.result()  # raises what stopped it
+                raise RuntimeError("uvicorn stopped while starting")
+            await asyncio.sleep(0.01)
         self.watcher = asyncio.create_task(self.admission.watch())
         self.trimmer = asyncio.create_task(heap.trim_forever())
         log.info(
@@ -233,6 +321,9 @@ class RealtimeServer:
             device=str(self.engine.runner.device),
         )
 
+    def accepting(self) -> bool:
+        return self.uvicorn is not None and any(server.is_serving() for server in self.uvicorn.servers)
+
     async def drain_and_stop(self) -> None:
         """Stop accepting, let running utterances finish up to `drain_seconds`, close with 1001."""
         self.draining = True
@@ -240,12 +331,13 @@ class RealtimeServer:
             if task is not None:
                 task.cancel()  # what runs now is drained, never shed; the heap is left as it is
         log.info("server.draining", connections=len(self.connections), seconds=self.config.drain_seconds)
-        if self.server is not None:
-            self.server.close(close_connections=False)
+        if self.uvicorn is not None:
+            for server in self.uvicorn.servers:
+                server.close()  # new connections are refused; the open ones go on
         for connection in list(self.connections):
             connection.finish_all()
-        waits = [c.idle.wait() for c in self.connections]
-        if waits and self.engine.alive:
+        waits = [c.idle.wait() for c in self.connections] + [self.uploads.idle.wait()]
+        if self.engine.alive:
             await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=self.config.drain_seconds)
         await asyncio.sleep(0.05)  # let the outboxes hand the last events to the sockets
         # All at once, each bounded: a peer that never answers holds no other close.
@@ -257,8 +349,9 @@ class RealtimeServer:
         for failure in await asyncio.gather(*closes, return_exceptions=True):
             if isinstance(failure, Exception):
                 log.error("server.close_failed", exc_info=failure)
-        if self.server is not None:
-            await self.server.wait_closed()
+        if self.uvicorn is not None and self.serving is not None:
+            self.uvicorn.should_exit = True
+            await self.serving
         await asyncio.to_thread(self.engine.stop)  # a join of up to 30 s: the loop goes on meanwhile
         log.info("server.stopped")
 
@@ -281,27 +374,21 @@ class RealtimeServer:
         return 0 if self.engine.alive or stop.is_set() else 1
 
 
-def _wants_openai(request: Request) -> bool:
+def _wants_openai(request: HTTPConnection) -> bool:
     """OpenAI's SDK puts `intent=transcription` (or a model) in the URL; vLLM's clients do not."""
-    query = parse_qs(urlsplit(request.path).query)
-    return "intent" in query or "model" in query
+    return "intent" in request.query_params or "model" in request.query_params
 
 
 def _subprotocols(headers: Headers) -> list[str]:
-    return [p.strip() for value in headers.get_all("Sec-WebSocket-Protocol") for p in value.split(",")]
-
-
-def _select_subprotocol(connection: ServerConnection, subprotocols: list[str]) -> str | None:
-    """`realtime` when offered (OpenAI's browser clients offer it with their key): a
-    browser that offered subprotocols refuses an upgrade that picks none. Never the key."""
-    return "realtime" if "realtime" in subprotocols else None
+    return [p.strip() for value in headers.getlist("Sec-WebSocket-Protocol") for p in value.split(",")]
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
-    """Accepted connections inherit the listening socket's receive buffer: set it before listen."""
+    """Accepted connections inherit the listening socket's options: set them before listen."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKNOWLEDGED_SECONDS * 1000)
     sock.bind((host, port))
     sock.listen(512)
     sock.setblocking(False)

@@ -64,7 +64,7 @@ class Utterances(dict[str, Utterance]):
                 Failed("invalid_event", f"utterance {command.utterance_id!r} already exists"),
             )
             return
-        request = Request(command.utterance_id)
+        request = Request(command.utterance_id, command.priority)
         try:
             state = self.runner.new_state(request, command.transcription)
         except NoFreeSlot as exc:

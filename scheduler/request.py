@@ -29,6 +29,8 @@ class Request:
     """
 
     request_id: str
+    # Lower goes first (vLLM's convention): 0 for live speech, more for work that may wait (uploads).
+    priority: int = 0
     items: list[AudioItem] = field(default_factory=list)
     num_items_dropped: int = 0
     num_computed: int = 0

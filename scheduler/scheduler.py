@@ -68,7 +68,8 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    """Round-robin over running utterances under a position budget and an encoder budget.
+    """Round-robin over running utterances under a position budget and an encoder budget,
+    by priority first: an upload's positions come after every live utterance's.
 
     Per request only the items overlapping its positions `[start, end)` are touched
     (two bisects), so a step costs the same at item 10 and item 32,768.
@@ -151,14 +152,14 @@ class Scheduler:
         positions_left = self.config.max_positions_per_step
         encoder_left = self.config.max_encoder_rows_per_step
         first_blocked: int | None = None
-        for k in range(len(running)):
-            index = (self._cursor + k) % len(running)
+        rotation = [(self._cursor + k) % len(running) for k in range(len(running))]
+        for index in sorted(rotation, key=lambda i: running[i].priority):
             request = running[index]
             if not request.wants_step:
                 continue
             start = request.num_computed
             if request.num_pending <= 0:  # only the family's work on computed positions
-                out.scheduled.append(ScheduledRequest(request, start, start, 0, 0))
+                out.scheduled.append(ScheduledRequest(request, start, start, 0, 0, request.input_finished))
                 continue
             # A prompt may run whole, but never together with the positions after it: those
             # feed back the token its last position samples.

@@ -1,16 +1,19 @@
 """The page at `/` in a real browser: Debian's chromium, driven by Playwright, with a speech
 file as its microphone (Playwright's own browsers are never downloaded)."""
 
+import base64
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import srt
 from playwright.sync_api import expect, sync_playwright
 
+from benchmarks.text import word_error_rate
 from realtime.config import ServerConfig
-from tests.conftest import espeak
+from tests.conftest import SAMPLES, espeak
 from tests.server_harness import ServerThread
 from voxtral.whisper.runner import WhisperRunner
 
@@ -72,3 +75,42 @@ def test_page_transcribes_the_microphone(whisper_model, tmp_path):
     finally:
         harness.stop()
     assert Path(tmp_path / "page.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_dropped_file_is_transcribed_and_its_captions_download(whisper_model, welcome):
+    _, text = welcome
+    wav = (SAMPLES / "welcome.wav").read_bytes()
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4, api_key="sk-page"))
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium())
+            page = browser.new_page(accept_downloads=True)
+            page.goto(harness.http + "/")
+            page.fill("#key", "sk-page")
+            dropped = page.evaluate_handle(
+                """(b64) => {
+                    const transfer = new DataTransfer();
+                    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+                    transfer.items.add(new File([bytes], "welcome.wav", { type: "audio/wav" }));
+                    return transfer;
+                }""",
+                base64.b64encode(wav).decode(),
+            )
+            page.dispatch_event("#transcript", "drop", {"dataTransfer": dropped})
+            expect(page.locator("#status")).to_have_text(
+                re.compile(r"done: welcome.wav, 12.0 s"), timeout=60_000
+            )
+            shown = page.locator("#text").text_content()
+            words = page.locator("#text .word")
+            starts = [float(words.nth(i).get_attribute("data-start")) for i in range(words.count())]
+            assert len(starts) == len(shown.split()) and starts == sorted(starts)
+            with page.expect_download() as download:
+                page.click("#srt")
+            captions = list(srt.parse(Path(download.value.path()).read_text()))
+            browser.close()
+    finally:
+        harness.stop()
+    assert word_error_rate(text, shown) <= 0.1, shown
+    assert " ".join(c.content.replace("\n", " ") for c in captions) == shown
+    assert [c.start.total_seconds() for c in captions] == sorted(c.start.total_seconds() for c in captions)

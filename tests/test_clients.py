@@ -12,8 +12,9 @@ import pytest
 import srt
 import webvtt
 
+import captions
 from benchmarks.text import word_error_rate
-from clients import mic, soak, subtitles
+from clients import mic, soak
 from realtime.config import EngineConfig, ServerConfig
 from tests.conftest import ROOT, SAMPLES
 from tests.server_harness import ServerThread, wait_until
@@ -64,7 +65,7 @@ def test_stream_writes_captions_the_format_libraries_read_back(server, tmp_path)
     transcript = json.loads(result.stdout)
     words = transcript["words"]
     assert " ".join(w["word"] for w in words) == transcript["text"]
-    cues = subtitles.cues(words)
+    cues = captions.cues(words)
     assert " ".join(line for cue in cues for line in cue.lines) == transcript["text"]
     said = iter(words)
     for cue in cues:  # each cue spans its own words, at most two lines of about 42 characters

@@ -2,10 +2,13 @@
 each session in its own language, against the same model's offline transcript."""
 
 import asyncio
+import io
 import json
 
 import numpy as np
+import openai
 import pytest
+import soundfile
 import soxr
 
 from benchmarks.text import char_error_rate, normalize_words, word_error_rate
@@ -220,3 +223,16 @@ def test_openai_wire_takes_the_transcription_language(base_server, tmp_path):
     assert updated.session.audio.input.transcription.language == "fr"
     completed = events[-1]
     assert word_error_rate(" ".join(SPEECH["fr"][2]), completed.transcript) <= 0.35, completed.transcript
+
+
+@pytest.mark.slow
+def test_the_file_api_translates_and_detects_the_language(base_server, tmp_path):
+    spanish = io.BytesIO()
+    soundfile.write(spanish, speech(tmp_path, "es"), 16000, format="WAV")
+    files = openai.OpenAI(base_url=f"{base_server.http}/v1", api_key="sk-test", max_retries=0).audio
+    upload = ("es.wav", spanish.getvalue())
+    heard = files.transcriptions.create(file=upload, model="whisper-1", response_format="verbose_json")
+    assert heard.language == "spanish"
+    assert word_error_rate(" ".join(SPEECH["es"][2]), heard.text) <= 0.3, heard.text
+    english = files.translations.create(file=upload, model="whisper-1")
+    assert "today we are going to talk about" in " ".join(normalize_words(english.text)), english.text

@@ -50,6 +50,28 @@ def test_a_request_with_audio_waits_at_most_one_turn_of_the_others(config, steps
     check_schedule(config, steps, bound=6)
 
 
+@settings(max_examples=150, deadline=None)
+@given(position_budgets, arrivals)
+def test_uploads_get_only_the_positions_live_speech_leaves(config, steps):
+    """Priority 1 (uploads) after 0 (live): an upload gets a position in a step only once every
+    live request got all it could take."""
+    scheduler = Scheduler(config)
+    requests = [Request(f"s{i}", priority=int(i >= 3)) for i in range(6)]
+    for request in requests:
+        scheduler.add_request(request)
+    for arrival in steps:
+        for request, (length, tag) in zip(requests, arrival, strict=True):
+            feed(request, length, tag)
+        wanted = {
+            r.request_id: min(r.num_pending, config.max_positions_per_request)
+            for r in requests
+            if not r.priority
+        }
+        got = {s.request.request_id: s.num_positions for s in scheduler.schedule().scheduled}
+        if any(got.get(r.request_id) for r in requests if r.priority):
+            assert all(got.get(rid, 0) == n for rid, n in wanted.items()), (wanted, got)
+
+
 def check_schedule(config: SchedulerConfig, steps: list, bound: int) -> None:
     scheduler = Scheduler(config)
     requests = [Request(f"s{i}") for i in range(6)]

@@ -147,3 +147,33 @@ def test_real_recordings_streamed_are_as_right_as_offline(runner, name):
     offline = offline_texts(runner.model, [audio])[0]
     text = streamed(Engine(runner), audio, round(0.7 * 16000)).text
     assert whisper_wer(offline, text) <= 0.03, (offline, text)
+
+
+def without_pauses(samples: np.ndarray, frame: int = 320, keep: int = 5) -> np.ndarray:
+    """The speech with every pause cut to `keep` 20 ms frames: one turn, as the VAD hears it."""
+    frames = samples[: len(samples) // frame * frame].reshape(-1, frame)
+    quiet = np.sqrt((frames**2).mean(axis=1)) < 0.003
+    run = np.zeros(len(quiet), int)
+    for i, silent in enumerate(quiet):
+        run[i] = run[i - 1] + 1 if silent and i else int(silent)
+    return frames[run <= keep].reshape(-1)
+
+
+def test_a_turn_longer_than_one_decode_handed_over_at_once_is_decoded_whole(whisper_runner):
+    """33 s of speech without a pause, in one command (an upload, a client far ahead of real
+    time): a decode reads 30 s, so the turn is decoded a window at a time, and none is lost."""
+    two_cities = recording("two_cities")
+    audio = without_pauses(two_cities.audio)
+    assert len(audio) > 31 * 16000
+    engine = Engine(whisper_runner)
+    events = listen(engine)
+    engine.add_utterance("fast")
+    engine.add_audio("fast", audio)
+    engine.finish_input("fast")
+    engine.run_once()
+    while engine.utterances:
+        engine.run_once()
+    turns = [e for e in events["fast"] if type(e).__name__ in ("SpeechStarted", "SpeechStopped")]
+    assert len(turns) == 2  # one turn
+    (done,) = [e for e in events["fast"] if isinstance(e, Done)]
+    assert word_error_rate(two_cities.reference, done.text) <= 0.05, done.text

@@ -11,7 +11,9 @@ from typing import Annotated, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import PydanticCustomError
+from structlog.stdlib import BoundLogger
 
+from realtime.config import ServedModel
 from voxtral.audio import pcm16_to_float32
 from voxtral.runner import ModelRunner, Transcription
 
@@ -132,6 +134,15 @@ def _encodes(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def check_model(served: ServedModel, asked: str | None, log: BoundLogger) -> None:
+    """A model the client named: the served one, or (unless --strict-model) served in its
+    place, as vLLM serves its one model whatever the name."""
+    if asked is not None and asked not in served.names:
+        if served.strict_model:
+            raise ProtocolError("unknown_model", f"unknown model {asked[:200]!r}")
+        log.warning("session.model_substituted", requested=asked[:200])
 
 
 def transcription(

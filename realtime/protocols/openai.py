@@ -26,7 +26,7 @@ from realtime.events import (
     SpeechStopped,
     TurnEnded,
 )
-from realtime.protocols.common import ProtocolError, transcription
+from realtime.protocols.common import ProtocolError, check_model, transcription
 from realtime.protocols.openai_wire import (
     Append,
     BetaUpdate,
@@ -125,11 +125,7 @@ class OpenAISession:
             self.connection.send(error(exc.code, exc.message, exc.event_id or event_id))
 
     def _update(self, update: TranscriptionSettings) -> None:
-        served = self.connection.model
-        if update.model is not None and update.model not in served.names:
-            if served.strict_model:
-                raise ProtocolError("unknown_model", f"unknown model {update.model!r}")
-            self.connection.log.warning("session.model_substituted", requested=update.model[:200])
+        check_model(self.connection.model, update.model, self.connection.log)
         if update.rate is not None and update.rate != self.rate:
             if self.buffered_samples:
                 raise ProtocolError(

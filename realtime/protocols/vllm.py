@@ -12,6 +12,7 @@ from realtime.protocols.common import (
     Prompt,
     ProtocolError,
     WireObject,
+    check_model,
     parse_event,
     transcription,
 )
@@ -147,12 +148,7 @@ class VllmSession:
             self.connection.send_error(exc.code, exc.message)
 
     def _update(self, event: SessionUpdate) -> None:
-        served = self.connection.model
-        if event.model is not None and event.model not in served.names:
-            if served.strict_model:
-                raise ProtocolError("unknown_model", f"unknown model {event.model!r}")
-            # vLLM serves its one model whatever the name: so does voxrt, unless --strict-model.
-            self.connection.log.warning("session.model_substituted", requested=event.model[:200])
+        check_model(self.connection.model, event.model, self.connection.log)
         if event.interim is not None:
             self.interim = event.interim
         asked = (event.language, event.task, event.prompt, event.word_timestamps)

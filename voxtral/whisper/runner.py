@@ -168,9 +168,11 @@ class WhisperRunner:
         }
         # What this step decides about each request's window, handed back as its output.
         updates = {rid: RequestUpdate(request.retain_from, None) for rid, (request, *_) in step.items()}
-        # The longest due first (a turn that ended, None, takes no room: any place will do).
-        due = sorted(step.values(), key=lambda d: self._due_from(d[1]) or 0)
+        # Live speech first, the longest due first (a turn that ended, None, takes no room: any
+        # place will do); then uploads.
+        due = sorted(step.values(), key=lambda d: (d[0].priority, self._due_from(d[1]) or 0))
         going_on = 0  # windows of turns going on planned this step
+        live = waiting = 0  # windows planned this step of live speech, and of work that may wait
         # Rounds: a window that committed a turn whole, with more turns heard behind it, is
         # planned again on the same audio (only a faster-than-real-time client gets there).
         while due:
@@ -179,10 +181,17 @@ class WhisperRunner:
                 try:
                     room = going_on < self.policy.max_windows_per_step * self.lanes
                     update = updates[request.request_id]
+                    if request.priority and (live or waiting):
+                        # Work that may wait takes a step live speech leaves, a window at a
+                        # time: a live window then waits for one of its windows at most.
+                        update.waiting_from = state.window_start
+                        continue
                     turns = len(state.turns)
                     if (window := self._plan(request, state, end, final, room, update)) is not None:
                         windows.append(window)
                         going_on += not window.commit_all
+                        live += not request.priority
+                        waiting += bool(request.priority)
                     elif final:
                         result.add(request.request_id, UtteranceOutput(finished=True))
                     elif len(state.turns) < turns:  # a turn ended with nothing left to decode
@@ -227,13 +236,21 @@ class WhisperRunner:
             self._leave_silence(state, end)
             update.retain_from = state.window_start
             return None
-        if turn.stop is not None or final:  # the turn ended, or the input did
+        # What one decode reads: audio that came faster than real time may hold more.
+        longest = state.window_start + self.model.max_frames
+        ended = turn.stop is not None or final  # the turn ended, or the input did
+        if ended:
             tail = round(p.endpoint_tail_seconds * POSITIONS_PER_SECOND)
             stop = end if turn.stop is None else turn.stop + tail
             if end < stop and not final:
                 return None  # the audio after the turn's end is yet to come
             end = min(end, stop)
-            state.turns.popleft()
+            if end > longest:
+                # Decoded a window at a time as a turn going on, the next from the next step.
+                end, ended = longest, False
+                update.waiting_from = longest
+            else:
+                state.turns.popleft()
         elif end < self._due_from(state):
             return None
         elif not room:
@@ -241,13 +258,13 @@ class WhisperRunner:
             # its decode fell due (`WhisperPolicy.max_windows_per_step`).
             update.waiting_from = self._due_from(state)
             return None
+        end = min(end, longest)
         if end <= state.window_start:
             return None
         ids = request.input_ids_in_window(state.window_start, end)
         items = [request.item(i) for i in ids]
         raw = torch.cat([self.store[item.mm_hash] for item in items], dim=1)
         raw = raw[:, state.window_start - items[0].offset : end - items[0].offset]
-        ended = turn.stop is not None or final
         state.decoded_until = end
         heard = (end - turn.start) / POSITIONS_PER_SECOND
         return Window(request, state, update, raw, end, final and not state.turns, ended, items, heard)

@@ -1,0 +1,144 @@
+"""`voxrt transcribe FILE...`: recordings to text or captions through OpenAI's file API
+(`POST /v1/audio/transcriptions`), from a server at `--url`, or one this command starts
+(`voxrt serve`'s flags choose its model; `--api-key` is the key sent, and the started one's).
+
+Text streams as the server commits it (`stream=true`); json, srt and vtt come whole. On a
+terminal a bar counts the files done and the seconds of audio sent."""
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import soundfile
+from tqdm import tqdm
+
+EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
+FORMATS = ("text", "json", "srt", "vtt")
+RETRIES = 5  # a busy server (429, 503) is asked again after its Retry-After, this many times
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="recordings: WAV, FLAC, Ogg, MP3")
+    parser.add_argument(
+        "--url", default=None, help="a server, e.g. http://127.0.0.1:8000 (default: start one here)"
+    )
+    parser.add_argument("--format", choices=FORMATS, default="text")
+    parser.add_argument(
+        "--output-dir", default=None, help="write FILE's transcript to DIR/<name>.<format> (default: stdout)"
+    )
+    parser.add_argument("--language", default=None, help="e.g. fr, for a multilingual model")
+    parser.add_argument("--prompt", default=None, help="names and terms said in it, for spelling")
+
+
+class ServerError(Exception):
+    """The server refused the file: its status and OpenAI error."""
+
+
+def _form(path: Path, fields: dict[str, str]) -> tuple[bytes, str]:
+    """A multipart body with the file and `fields`, and its content type."""
+    boundary = uuid.uuid4().hex
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in fields.items()
+    ]
+    name = path.name.replace('"', "%22")
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+    head += "Content-Type: application/octet-stream\r\n\r\n"
+    parts.append(head.encode() + path.read_bytes() + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def _post(url: str, path: Path, fields: dict[str, str], api_key: str | None):
+    body, content_type = _form(path, fields)
+    headers = {"Content-Type": content_type}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    for attempt in range(RETRIES + 1):
+        request = urllib.request.Request(f"{url}/v1/audio/transcriptions", body, headers, method="POST")
+        try:
+            return urllib.request.urlopen(request, timeout=3600)
+        except urllib.error.HTTPError as exc:
+            retry = exc.headers.get("Retry-After")
+            if exc.code in (429, 503) and retry and attempt < RETRIES:
+                time.sleep(float(retry))
+                continue
+            try:
+                error = json.loads(exc.read())["error"]
+                message = f"{exc.code} {error['code']}: {error['message']}"
+            except (ValueError, KeyError, TypeError):
+                message = f"{exc.code} {exc.reason}"
+            raise ServerError(message) from None
+    raise AssertionError("unreachable")
+
+
+def _streamed_text(response) -> Iterator[str]:
+    """The deltas of a `stream=true` response, as its server-sent events carry them."""
+    for line in response:
+        if line.startswith(b"data: "):
+            event = json.loads(line[6:])
+            if event["type"] == "transcript.text.delta":
+                yield event["delta"]
+
+
+def transcribe(url: str, path: Path, args: argparse.Namespace, out) -> None:
+    """One file's transcript, written to `out` (text as it comes)."""
+    fields = {"model": "whisper-1", "response_format": "json" if args.format == "text" else args.format}
+    if args.format == "json":
+        fields["response_format"] = "verbose_json"
+        fields["timestamp_granularities[]"] = "word"
+    fields.update({k: v for k, v in (("language", args.language), ("prompt", args.prompt)) if v})
+    if args.format == "text":
+        fields["stream"] = "true"
+    with _post(url, path, fields, args.api_key) as response:
+        if args.format != "text":
+            out.write(response.read().decode())
+            return
+        first = True
+        for delta in _streamed_text(response):
+            out.write(delta if first else " " + delta)
+            out.flush()
+            first = False
+        out.write("\n")
+
+
+def run_files(url: str, args: argparse.Namespace) -> int:
+    paths = [Path(f) for f in args.files]
+    for path in paths:
+        try:
+            soundfile.info(str(path))
+        except (RuntimeError, soundfile.LibsndfileError) as exc:
+            print(f"voxrt transcribe: {path}: not a recording this reads: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    seconds = sum(soundfile.info(str(p)).duration for p in paths)
+    bar = tqdm(total=round(seconds), unit="s", desc="audio", disable=not sys.stderr.isatty(), file=sys.stderr)
+    try:
+        for path in paths:
+            ext = "txt" if args.format == "text" else args.format
+            if args.output_dir:
+                target = Path(args.output_dir) / f"{path.stem}.{ext}"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "w") as out:
+                    transcribe(url, path, args, out)
+            else:
+                transcribe(url, path, args, sys.stdout)
+            bar.update(round(soundfile.info(str(path)).duration))
+    except ServerError as exc:
+        print(f"voxrt transcribe: {exc}", file=sys.stderr)
+        return EXIT_SERVER_ERROR
+    except OSError as exc:
+        print(f"voxrt transcribe: cannot reach {url}: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
+    finally:
+        bar.close()
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_files(args.url.rstrip("/"), args)

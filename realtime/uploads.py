@@ -1,0 +1,183 @@
+"""Uploaded recordings through the engine: each is an utterance like a live session's, its
+audio handed over no faster than the engine consumes it, its events gathered into one
+response or streamed as server-sent events."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+import numpy as np
+import structlog
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+from realtime.audio_file import decode
+from realtime.config import ServedModel
+from realtime.engine import Engine
+from realtime.events import Delta, Done, EngineEvent, Failed, LanguageDetected
+from realtime.metrics import Metrics
+from realtime.protocols import file_api
+from realtime.protocols.common import ProtocolError, check_model
+from realtime.protocols.file_api import FileRequest, Transcript
+from voxtral.audio import SAMPLE_RATE
+
+log = structlog.get_logger("voxrt.uploads")
+
+AHEAD_SECONDS = 30.0  # an upload's audio handed to the engine and not yet consumed
+UPLOAD_PRIORITY = 1  # after live speech (`Request.priority`)
+CHUNK_SECONDS = 1.0
+WAIT_SECONDS = 0.05  # how often a paused upload looks at what the engine consumed
+
+
+class UploadRefused(Exception):
+    """An upload not taken: its HTTP status and OpenAI error code."""
+
+    def __init__(self, status: HTTPStatus, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass
+class Job:
+    """One upload's utterance: where the server routes its engine events."""
+
+    utterance_id: str
+    events: asyncio.Queue[EngineEvent] = field(default_factory=asyncio.Queue)
+
+    def on_engine_event(self, utterance_id: str, event: EngineEvent) -> None:
+        self.events.put_nowait(event)
+
+
+class Uploads:
+    """The uploads being transcribed, at most `max_uploads` at once."""
+
+    def __init__(
+        self, engine: Engine, metrics: Metrics, model: ServedModel, routes: dict, max_uploads: int
+    ) -> None:
+        """`routes`: the server's table of where each utterance's events go."""
+        self.engine, self.metrics, self.model, self.routes = engine, metrics, model, routes
+        self.max_uploads = max_uploads
+        self.active = 0
+        self.idle = asyncio.Event()  # no upload held: a drain waits for it
+        self.idle.set()
+        self.num_uploads = 0
+
+    async def respond(self, request: Request, task: str, max_bytes: int) -> Response:
+        """The transcript (or translation) of the request's upload, in the format it asked."""
+        if self.active >= self.max_uploads:
+            raise UploadRefused(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                "too_many_uploads",
+                f"{self.active} uploads are being transcribed",
+            )
+        self._hold()  # from here: a form being read counts
+        try:
+            asked = await self._parse(request, task, max_bytes)
+            samples = decode(await asked.file.read())
+        except BaseException:
+            self._release()
+            raise
+        job = self._start(asked, samples)
+        if asked.stream:
+            return StreamingResponse(self._stream(asked, job, samples), media_type="text/event-stream")
+        try:
+            transcript = None
+            async for event in self._run(asked, job, samples):
+                if isinstance(event, Transcript):
+                    transcript = event
+        finally:
+            self._end(job)
+        body = file_api.render(asked, task, transcript)
+        return Response(body, media_type=file_api.MEDIA_TYPES[asked.response_format])
+
+    async def _parse(self, request: Request, task: str, max_bytes: int) -> FileRequest:
+        length = request.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            raise UploadRefused(
+                HTTPStatus.LENGTH_REQUIRED, "length_required", "send the upload with its length"
+            )
+        if int(length) > max_bytes:
+            raise UploadRefused(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                "file_too_large",
+                f"the upload is {int(length) >> 20} MiB; at most {max_bytes >> 20} MiB (--max-upload-mb)",
+            )
+        try:
+            form = await request.form(max_files=1, max_fields=32)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ProtocolError("invalid_request", f"the form cannot be read: {exc}") from None
+        asked = file_api.parse(form, task, self.engine.runner)
+        check_model(self.model, asked.model, log)
+        return asked
+
+    def _start(self, asked: FileRequest, samples: np.ndarray) -> Job:
+        self.num_uploads += 1
+        job = Job(f"upload-{self.num_uploads}-{time.monotonic_ns()}")
+        self.routes[job.utterance_id] = job
+        self.engine.add_utterance(
+            job.utterance_id, transcription=asked.transcription, priority=UPLOAD_PRIORITY
+        )
+        self.metrics.audio_seconds.inc(len(samples) / SAMPLE_RATE)
+        log.info("upload.start", utterance=job.utterance_id, seconds=round(len(samples) / SAMPLE_RATE, 3))
+        return job
+
+    def _hold(self) -> None:
+        self.active += 1
+        self.idle.clear()
+
+    def _release(self) -> None:
+        self.active -= 1
+        if not self.active:
+            self.idle.set()
+
+    def _end(self, job: Job) -> None:
+        if self.routes.pop(job.utterance_id, None) is not None:
+            self.engine.abort(job.utterance_id)  # nothing, if it is done; its rows, if the client left
+        self._release()
+
+    async def _stream(self, asked: FileRequest, job: Job, samples: np.ndarray) -> AsyncIterator[str]:
+        try:
+            async for event in self._run(asked, job, samples):
+                if isinstance(event, Transcript):
+                    yield file_api.done_event(event, asked.logprobs)
+                else:
+                    yield file_api.delta_event(event.text, event.words if asked.logprobs else None)
+        except UploadRefused as exc:  # the status is sent: the error goes as an event, as OpenAI's do
+            yield f"data: {file_api.error_body(exc.code, exc.message, server=True)}\n"
+        finally:
+            self._end(job)
+
+    async def _run(
+        self, asked: FileRequest, job: Job, samples: np.ndarray
+    ) -> AsyncIterator[Delta | Transcript]:
+        """The upload's deltas, then its transcript; its audio is fed meanwhile."""
+        feeder = asyncio.create_task(self._feed(job.utterance_id, samples))
+        language = asked.transcription.language or next(iter(self.engine.runner.languages or {"en"}))
+        try:
+            while True:
+                event = await job.events.get()
+                if isinstance(event, LanguageDetected):
+                    language = event.language
+                elif isinstance(event, Delta) and event.text:
+                    yield event
+                elif isinstance(event, Failed):
+                    raise UploadRefused(HTTPStatus.INTERNAL_SERVER_ERROR, event.code, event.message)
+                elif isinstance(event, Done):
+                    words = event.words if asked.transcription.word_times else None
+                    seconds = len(samples) / SAMPLE_RATE
+                    yield Transcript(event.text, words, seconds, LANGUAGES.get(language, language))
+                    return
+        finally:
+            feeder.cancel()
+
+    async def _feed(self, utterance_id: str, samples: np.ndarray) -> None:
+        """Its audio, a chunk at a time, while the engine holds less than `AHEAD_SECONDS` of it."""
+        chunk, ahead = round(CHUNK_SECONDS * SAMPLE_RATE), round(AHEAD_SECONDS * SAMPLE_RATE)
+        for offset in range(0, len(samples), chunk):
+            while offset - self.engine.stats().consumed_samples.get(utterance_id, 0) > ahead:
+                await asyncio.sleep(WAIT_SECONDS)
+            self.engine.add_audio(utterance_id, samples[offset : offset + chunk])
+        self.engine.finish_input(utterance_id)

@@ -1,0 +1,231 @@
+"""OpenAI's file API through the openai SDK, unchanged, against a real `voxrt serve`: every
+response format, streamed deltas, any container and rate, bad and oversize files, and the
+WebSocket wires on the same port at the same time."""
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import openai
+import pytest
+import soundfile
+import soxr
+import srt
+import webvtt
+
+from benchmarks.text import word_error_rate
+from clients.audio import load_audio_file
+from realtime.config import ServerConfig
+from tests.conftest import SAMPLES
+from tests.server_harness import ServerProcess, ServerThread, events_until, hold_steps, stream, wait_until
+from voxtral.whisper.runner import WhisperRunner
+
+WELCOME = SAMPLES / "welcome.wav"
+MAX_UPLOAD_MB = 1
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    process = ServerProcess(
+        f"--max-upload-mb={MAX_UPLOAD_MB}", log_path=tmp_path_factory.mktemp("log") / "serve.log"
+    )
+    yield process
+    process.stop()
+
+
+def sdk(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{served.port}/v1", api_key="unused", max_retries=0)
+
+
+def welcome_text() -> str:
+    return (SAMPLES / "welcome.txt").read_text().strip()
+
+
+def transcribe(served, **options):
+    return sdk(served).audio.transcriptions.create(
+        file=("welcome.wav", WELCOME.read_bytes()), model="whisper-1", **options
+    )
+
+
+def assert_timed(spans: list, seconds: float) -> None:
+    """Start before end, in order, inside the audio."""
+    assert spans
+    for span in spans:
+        assert 0 <= span.start <= span.end <= seconds + 0.01, span
+    starts = [span.start for span in spans]
+    assert starts == sorted(starts)
+
+
+def test_every_response_format_gives_the_same_words(served):
+    seconds = len(load_audio_file(WELCOME)) / 16000
+    as_json = transcribe(served)
+    assert word_error_rate(welcome_text(), as_json.text) <= 0.1, as_json.text
+    assert as_json.usage.type == "duration" and as_json.usage.seconds == 12
+    assert transcribe(served, response_format="text") == as_json.text + "\n"
+
+    verbose = transcribe(served, response_format="verbose_json", timestamp_granularities=["word", "segment"])
+    assert verbose.text == as_json.text and verbose.language == "english"
+    assert abs(verbose.duration - seconds) < 0.01
+    assert_timed(verbose.words, seconds)
+    assert_timed(verbose.segments, seconds)
+    assert " ".join(w.word for w in verbose.words) == as_json.text
+    assert "".join(s.text for s in verbose.segments).strip() == as_json.text
+    plain = transcribe(served, response_format="verbose_json")
+    assert plain.words is None and plain.segments == verbose.segments
+
+    cues = list(srt.parse(transcribe(served, response_format="srt")))
+    assert " ".join(c.content.replace("\n", " ") for c in cues) == as_json.text
+    assert [c.start.total_seconds() for c in cues] == [round(s.start, 3) for s in verbose.segments]
+    vtt = webvtt.from_buffer(io.StringIO(transcribe(served, response_format="vtt")))
+    assert [c.text.replace("\n", " ") for c in vtt] == [c.content.replace("\n", " ") for c in cues]
+
+
+def test_streamed_deltas_add_up_to_the_done_text_with_logprobs(served):
+    events = list(transcribe(served, stream=True, include=["logprobs"]))
+    *deltas, done = events
+    assert deltas and all(e.type == "transcript.text.delta" for e in deltas)
+    assert done.type == "transcript.text.done"
+    assert " ".join(e.delta for e in deltas) == done.text
+    assert word_error_rate(welcome_text(), done.text) <= 0.1
+    assert [p.token for p in done.logprobs] == [p.token for e in deltas for p in e.logprobs]
+    assert all(p.logprob <= 0 and p.bytes for p in done.logprobs)
+    assert transcribe(served, stream=True)[-1:] if False else True
+
+
+def test_the_async_client_unchanged(served):
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{served.port}/v1", api_key="unused")
+        file = ("welcome.wav", WELCOME.read_bytes())
+        whole, events = await asyncio.gather(
+            client.audio.transcriptions.create(file=file, model="whisper-1"),
+            client.audio.transcriptions.create(file=file, model="whisper-1", stream=True),
+        )
+        return whole, [event async for event in events]
+
+    whole, events = asyncio.run(run())
+    assert events[-1].type == "transcript.text.done" and events[-1].text == whole.text
+
+
+def test_a_flac_at_44100_hz_in_stereo_reads_as_the_wav(served):
+    samples = load_audio_file(WELCOME)
+    stereo = soxr.resample(samples, 16000, 44100)
+    stereo = np.stack([stereo, stereo * 0.5], axis=1)
+    flac = io.BytesIO()
+    soundfile.write(flac, stereo, 44100, format="FLAC")
+    got = sdk(served).audio.transcriptions.create(file=("welcome.flac", flac.getvalue()), model="whisper-1")
+    assert word_error_rate(welcome_text(), got.text) <= 0.1, got.text
+
+
+def test_bad_oversize_and_unserved_requests_get_openai_errors_and_the_wire_goes_on(served):
+    client = sdk(served)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.audio.transcriptions.create(file=("notes.wav", b"these are not samples"), model="whisper-1")
+    assert bad.value.code == "invalid_file" and "WAV" in bad.value.message
+    noise = io.BytesIO()
+    soundfile.write(noise, np.zeros(16000 * 40, np.float32), 16000, format="WAV")  # 1.2 MiB
+    with pytest.raises(openai.APIStatusError) as large:
+        client.audio.transcriptions.create(file=("long.wav", noise.getvalue()), model="whisper-1")
+    assert large.value.status_code == 413 and large.value.code == "file_too_large"
+    with pytest.raises(openai.BadRequestError) as task:
+        client.audio.translations.create(file=("welcome.wav", WELCOME.read_bytes()), model="whisper-1")
+    assert task.value.code == "unsupported_task"
+    for options, code in [
+        ({"response_format": "docx"}, "invalid_value"),
+        ({"language": "fr"}, "unsupported_language"),
+        ({"timestamp_granularities": ["word"]}, "invalid_value"),  # without verbose_json
+        ({"response_format": "srt", "stream": True}, "invalid_value"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            transcribe(served, **options)
+        assert refused.value.code == code, options
+    # The WebSocket wire on the same port, all along.
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        stream(ws, load_audio_file(WELCOME))
+        done = events_until(ws, "transcription.done")[-1]
+    assert word_error_rate(welcome_text(), done["text"]) <= 0.1
+
+
+def test_a_live_session_and_uploads_at_once_each_get_their_own_text(served):
+    """The same port, the same engine: a WebSocket session streams while two uploads run."""
+    from websockets.sync.client import connect
+
+    results: dict[str, str] = {}
+
+    def upload(name: str) -> None:
+        results[name] = transcribe(served).text
+
+    uploads = [threading.Thread(target=upload, args=(f"upload-{i}",)) for i in range(2)]
+    with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        for thread in uploads:
+            thread.start()
+        stream(ws, load_audio_file(WELCOME))
+        results["live"] = events_until(ws, "transcription.done")[-1]["text"]
+    for thread in uploads:
+        thread.join(timeout=120)
+    assert sorted(results) == ["live", "upload-0", "upload-1"]
+    for text in results.values():
+        assert word_error_rate(welcome_text(), text) <= 0.1, results
+
+
+def test_keys_busy_and_a_client_gone_mid_stream(whisper_model, monkeypatch):
+    """In process, to hold the engine: 401 without the key, 429 past the uploads at once, and
+    an upload whose client leaves leaves nothing in the engine."""
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(api_key="sk-test", max_uploads=1))
+    base = f"{harness.http}/v1"
+    wav = ("welcome.wav", WELCOME.read_bytes())
+    gate, held = hold_steps(harness.engine, monkeypatch)
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).audio.transcriptions.create(
+                file=wav, model="whisper-1"
+            )
+        client = openai.OpenAI(base_url=base, api_key="sk-test", max_retries=0)
+        first = client.audio.transcriptions.create(file=wav, model="whisper-1", stream=True)
+        assert held.wait(30)  # the upload is in the engine, its steps held
+        with pytest.raises(openai.RateLimitError) as busy:
+            client.audio.transcriptions.create(file=wav, model="whisper-1")
+        assert busy.value.response.headers["Retry-After"]
+        assert len(harness.server.routes) == 1
+        first.close()  # the client leaves mid-stream
+        gate.set()
+        wait_until(lambda: harness.engine.stats().utterances == 0 and not harness.server.routes, 30)
+        assert client.audio.transcriptions.create(file=wav, model="whisper-1").text  # its seat is free
+    finally:
+        gate.set()
+        harness.stop()
+
+
+def test_voxrt_transcribe_writes_text_and_captions_from_a_server(served, tmp_path):
+    base = [sys.executable, "-m", "realtime.cli", "transcribe", "--url", f"http://127.0.0.1:{served.port}"]
+    text = subprocess.run([*base, str(WELCOME)], capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert word_error_rate(welcome_text(), text.stdout) <= 0.1, text.stdout
+    srt_to_dir = [*base, "--format", "srt", "--output-dir", str(tmp_path), str(WELCOME)]
+    captions = subprocess.run(srt_to_dir, capture_output=True, timeout=120)
+    assert captions.returncode == 0, captions.stderr
+    cues = list(srt.parse((tmp_path / "welcome.srt").read_text()))
+    assert word_error_rate(welcome_text(), " ".join(c.content for c in cues)) <= 0.1
+    french = [*base, "--language", "fr", str(WELCOME)]
+    refused = subprocess.run(french, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "unsupported_language" in refused.stderr
+
+
+@pytest.mark.slow
+def test_voxrt_transcribe_starts_its_own_server_without_a_url():
+    done = subprocess.run(
+        [sys.executable, "-m", "realtime.cli", "transcribe", "--format", "vtt", str(WELCOME)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    cues = list(webvtt.from_buffer(io.StringIO(done.stdout)))
+    assert word_error_rate(welcome_text(), " ".join(c.text for c in cues)) <= 0.1
