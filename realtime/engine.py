@@ -28,6 +28,9 @@ from voxtral.vad import Vad, VadConfig
 
 log = structlog.get_logger(__name__)
 
+COMMAND_WAIT_SECONDS = 0.5  # with nothing to do, how long a wait for a command lasts at most
+IDLE_SECONDS = 0.01  # after a step that did nothing
+
 
 class Engine:
     """Call `start`, then the thread-safe commands; or drive it with `run_once` on one thread."""
@@ -55,6 +58,7 @@ class Engine:
         self.healthy = True
         self.model_seconds = 0.0  # summed over steps: with steps in flight, overlaps host work
         self._in_flight: deque[tuple[SchedulerOutput, Future[StepResult]]] = deque()
+        self._idle = False  # the last step computed nothing new and said nothing
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="voxrt-engine", daemon=True)
@@ -98,15 +102,18 @@ class Engine:
 
     def run_once(self) -> None:
         """Apply queued commands and run one step, on the caller's thread (tests, benchmarks)."""
-        self._apply_commands(block=False)
+        self._apply_commands(None)
         self.step()
 
     def _run(self) -> None:
         try:
             while not self._stopping:
                 busy = self._in_flight or any(u.request.wants_step for u in self.utterances.values())
+                # A step that did nothing (an upload's window decoding beside): wait a moment
+                # for a command rather than spin on the same question.
+                wait = (IDLE_SECONDS if self._idle else None) if busy else COMMAND_WAIT_SECONDS
                 try:
-                    self._apply_commands(block=not busy)
+                    self._apply_commands(wait)
                     self.step()
                 except Exception:
                     # Nothing narrowed it to an utterance (a fault of the engine's own): every
@@ -124,9 +131,10 @@ class Engine:
             if (utterance := self.utterances.get(utterance_id)) is not None:
                 self.utterances.fail(utterance, "processing_error", message)
 
-    def _apply_commands(self, block: bool) -> None:
+    def _apply_commands(self, wait: float | None) -> None:
+        """The queued commands, waiting up to `wait` seconds for the first (None: not at all)."""
         try:
-            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=wait) if wait is not None else self._commands.get_nowait()
             while True:
                 if command is not None:
                     self._apply_walled(command)
@@ -250,7 +258,7 @@ class Engine:
         self.num_steps += 1
         self.model_seconds += result.model_seconds
         outputs = [(rid, output) for rid, outs in result.outputs.items() for output in outs]
-        # Capacity is what live speech costs: uploads take only the steps it leaves.
+        # Capacity is what live speech costs: uploads decode on a lane of their own beside it.
         windows = [
             output.window_seconds
             for rid, output in outputs
@@ -267,3 +275,4 @@ class Engine:
         }
         sampled_at = self.scheduler.update_from_output(updates, sampled)
         self.num_tokens += self.utterances.deliver_step(result.outputs, sampled_at)
+        self._idle = not out.num_positions and not result.failed and not self.utterances.outbox

@@ -26,16 +26,14 @@ from starlette.websockets import WebSocket
 
 from realtime import heap
 from realtime.admission import Admission
-from realtime.audio_file import AudioFileError
 from realtime.config import ConfigError, ServedModel, ServerConfig
 from realtime.connection import CLOSE_SECONDS, Connection
 from realtime.engine import Engine
 from realtime.events import EngineEvent
 from realtime.limits import client_address
 from realtime.metrics import Metrics
-from realtime.protocols import file_api, openai_wire
+from realtime.protocols import openai_wire
 from realtime.protocols import vllm as protocol
-from realtime.protocols.common import ProtocolError
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.vllm import VllmSession
 from realtime.uploads import UploadRefused, Uploads
@@ -87,7 +85,9 @@ class RealtimeServer:
         self.connections: set[Connection] = set()
         self.routes: dict[str, Listener] = {}  # utterance id -> the connection or upload it is for
         self.admission = Admission(engine, self.metrics, self.connections, config.max_sessions)
-        self.uploads = Uploads(engine, self.metrics, model, self.routes, config.max_uploads)
+        self.uploads = Uploads(
+            engine, self.metrics, model, self.routes, config.max_uploads, RETRY_AFTER_SECONDS
+        )
         self.draining = False
         self.uvicorn: _Uvicorn | None = None
         self.serving: asyncio.Task | None = None
@@ -176,29 +176,17 @@ class RealtimeServer:
         return await self._upload(request, "translate")
 
     async def _upload(self, request: Request, task: str) -> Response:
-        """OpenAI's file API: every mistake answered in its error shape, the others carry on."""
-        refused: tuple[HTTPStatus, str, str] | None = None
+        """OpenAI's file API, past the checks every request to this server meets."""
+        refused = None
         if not self._authorized(request.headers):
-            refused = HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key"
+            refused = UploadRefused(HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
         elif self.draining:
-            refused = HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"
+            refused = UploadRefused(HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining")
         elif not self.engine.healthy:
-            refused = HTTPStatus.SERVICE_UNAVAILABLE, "engine_faulted", "the engine failed a step"
-        else:
-            try:
-                return await self.uploads.respond(request, task, self.config.max_upload_mb << 20)
-            except UploadRefused as exc:
-                refused = exc.status, exc.code, exc.message
-            except (ProtocolError, AudioFileError) as exc:
-                code = exc.code if isinstance(exc, ProtocolError) else "invalid_file"
-                refused = HTTPStatus.BAD_REQUEST, code, str(exc)
-        status, code, message = refused
-        self.metrics.errors.labels(code=code).inc()
-        log.info("server.upload_refused", code=code, status=int(status))
-        retry = status in (HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.TOO_MANY_REQUESTS)
-        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else None
-        body = file_api.error_body(code, message, server=status >= HTTPStatus.INTERNAL_SERVER_ERROR)
-        return Response(body, status, headers, media_type="application/json")
+            refused = UploadRefused(
+                HTTPStatus.SERVICE_UNAVAILABLE, "engine_faulted", "the engine failed a step"
+            )
+        return await self.uploads.answer(request, task, self.config.max_upload_mb << 20, refused)
 
     def _refuse_upgrade(self, websocket: WebSocket) -> Response | None:
         """Why this upgrade gets no session (an HTTP response), or None: it is seated."""

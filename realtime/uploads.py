@@ -12,9 +12,9 @@ import numpy as np
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from transformers.models.whisper.tokenization_whisper import LANGUAGES
+from transformers.models.whisper.tokenization_whisper import LANGUAGES  # code -> English name
 
-from realtime.audio_file import decode
+from realtime.audio_file import AudioFileError, decode
 from realtime.config import ServedModel
 from realtime.engine import Engine
 from realtime.events import Delta, Done, EngineEvent, Failed, LanguageDetected
@@ -55,17 +55,44 @@ class Uploads:
     """The uploads being transcribed, at most `max_uploads` at once."""
 
     def __init__(
-        self, engine: Engine, metrics: Metrics, model: ServedModel, routes: dict, max_uploads: int
+        self,
+        engine: Engine,
+        metrics: Metrics,
+        model: ServedModel,
+        routes: dict,
+        max_uploads: int,
+        retry_after_seconds: int,
     ) -> None:
         """`routes`: the server's table of where each utterance's events go."""
         self.engine, self.metrics, self.model, self.routes = engine, metrics, model, routes
         self.max_uploads = max_uploads
+        self.retry_after_seconds = retry_after_seconds  # told to a client refused for now
         self.active = 0
         self.idle = asyncio.Event()  # no upload held: a drain waits for it
         self.idle.set()
         self.num_uploads = 0
 
-    async def respond(self, request: Request, task: str, max_bytes: int) -> Response:
+    async def answer(
+        self, request: Request, task: str, max_bytes: int, refused: UploadRefused | None
+    ) -> Response:
+        """The transcript, or why not in OpenAI's error shape: a mistake ends this request alone."""
+        try:
+            if refused is not None:
+                raise refused
+            return await self._respond(request, task, max_bytes)
+        except UploadRefused as exc:
+            status, code, message = exc.status, exc.code, exc.message
+        except (ProtocolError, AudioFileError) as exc:
+            code = exc.code if isinstance(exc, ProtocolError) else "invalid_file"
+            status, message = HTTPStatus.BAD_REQUEST, str(exc)
+        self.metrics.errors.labels(code=code).inc()
+        log.info("upload.refused", code=code, status=int(status))
+        retry = status in (HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.TOO_MANY_REQUESTS)
+        headers = {"Retry-After": str(self.retry_after_seconds)} if retry else None
+        body = file_api.error_body(code, message, server=status >= HTTPStatus.INTERNAL_SERVER_ERROR)
+        return Response(body, status, headers, media_type="application/json")
+
+    async def _respond(self, request: Request, task: str, max_bytes: int) -> Response:
         """The transcript (or translation) of the request's upload, in the format it asked."""
         if self.active >= self.max_uploads:
             raise UploadRefused(
@@ -76,7 +103,8 @@ class Uploads:
         self._hold()  # from here: a form being read counts
         try:
             asked = await self._parse(request, task, max_bytes)
-            samples = decode(await asked.file.read())
+            # Off the event loop: an hour of audio takes seconds to decode and resample.
+            samples = await asyncio.to_thread(decode, await asked.file.read())
         except BaseException:
             self._release()
             raise

@@ -1,16 +1,20 @@
 """An upload runs in the same engine as live speech, after it: its positions come after every
-live utterance's (tests/test_scheduler.py), and its windows are decoded only in steps that
-decode no live window, one at a time, so a live window waits for at most one of them."""
+live utterance's (tests/test_scheduler.py), and its windows decode on a lane of their own,
+one at a time, beside the live steps: a live window never waits for an upload's."""
+
+import threading
+import time
 
 import numpy as np
 
 from benchmarks.real_speech import recording
 from benchmarks.text import word_error_rate
-from realtime.engine import Engine
+from realtime.engine import IDLE_SECONDS, Engine
 from realtime.events import Done
 from tests.engine_events import listen
 
 CHUNK = 1600  # 100 ms, as a live client sends
+UPLOAD_CHUNK = 16000  # a second, as the server hands an upload over
 
 
 def upload_audio() -> np.ndarray:
@@ -22,50 +26,70 @@ def done_text(events: list) -> str:
     return next(e.text for e in events if isinstance(e, Done))
 
 
-def transcribed_alone(runner, audio: np.ndarray) -> str:
-    engine = Engine(runner)
-    events = listen(engine)
-    engine.add_utterance("upload", priority=1)
-    engine.add_audio("upload", audio)
-    engine.finish_input("upload")
+def run_to_the_end(engine: Engine) -> None:
+    """Steps until every utterance is done, pausing between them as the engine's own loop
+    waits after a step that did nothing: a loop that spun would starve the upload's lane."""
     engine.run_once()
     while engine.utterances:
+        time.sleep(IDLE_SECONDS)
         engine.run_once()
-    return done_text(events["upload"])
 
 
-def test_an_upload_decodes_only_in_steps_live_speech_leaves(whisper_runner, welcome, monkeypatch):
+def test_an_upload_decodes_beside_live_speech_a_window_at_a_time(whisper_runner, welcome, monkeypatch):
     samples, text = welcome
     upload = upload_audio()
-    alone = transcribed_alone(whisper_runner, upload)
+    # The reference: the same audio handed over at once as live speech, each turn decoded
+    # whole on the engine thread; the upload lane, fed a second at a time, decodes each turn
+    # whole too, into the same words.
+    alone = Engine(whisper_runner)
+    alone_events = listen(alone)
+    alone.add_utterance("upload")
+    alone.add_audio("upload", upload)
+    alone.finish_input("upload")
+    run_to_the_end(alone)
+
     engine = Engine(whisper_runner)
     events = listen(engine)
-    steps: list[list[int]] = []  # per step, the priority of each window it decoded
-    execute, decode = whisper_runner.execute, whisper_runner._decode
+    decodes: list[tuple[str, list[int]]] = []  # (thread, priorities) of each lane's batch
+    at_once, most_at_once, lock = 0, 0, threading.Lock()
+    decode_lane = whisper_runner._decode_lane
 
-    def recorded_execute(out, states):
-        steps.append([])
-        return execute(out, states)
+    def recorded(windows):
+        nonlocal at_once, most_at_once
+        uploads = sum(1 for w in windows if w.request.priority)
+        with lock:
+            at_once += uploads
+            most_at_once = max(most_at_once, at_once)
+        decodes.append((threading.current_thread().name, [w.request.priority for w in windows]))
+        try:
+            return decode_lane(windows)
+        finally:
+            with lock:
+                at_once -= uploads
 
-    def recorded_decode(windows):
-        steps[-1].extend(w.request.priority for w in windows)
-        return decode(windows)
-
-    monkeypatch.setattr(whisper_runner, "execute", recorded_execute)
-    monkeypatch.setattr(whisper_runner, "_decode", recorded_decode)
+    monkeypatch.setattr(whisper_runner, "_decode_lane", recorded)
     engine.add_utterance("upload", priority=1)
-    engine.add_audio("upload", upload)  # all at once, as an upload is handed over
-    engine.finish_input("upload")
     engine.add_utterance("live")
+    # The upload a second at a time, as the server hands it over, with the live speech's
+    # 100 ms chunks between.
+    uploaded = 0
     for offset in range(0, len(samples), CHUNK):
+        if offset % UPLOAD_CHUNK == 0:
+            engine.add_audio("upload", upload[uploaded : uploaded + UPLOAD_CHUNK])
+            uploaded += UPLOAD_CHUNK
         engine.add_audio("live", samples[offset : offset + CHUNK])
         engine.run_once()
     engine.finish_input("live")
-    while engine.utterances:
+    for rest in range(uploaded, len(upload), UPLOAD_CHUNK):
+        engine.add_audio("upload", upload[rest : rest + UPLOAD_CHUNK])
         engine.run_once()
+        time.sleep(IDLE_SECONDS)
+    engine.finish_input("upload")
+    run_to_the_end(engine)
 
     assert word_error_rate(text, done_text(events["live"])) <= 0.1
-    assert done_text(events["upload"]) == alone  # its windows are its own, whenever decoded
-    upload_steps = [step for step in steps if 1 in step]
-    assert upload_steps and any(0 in step for step in steps)
-    assert all(step == [1] for step in upload_steps), [s for s in upload_steps if s != [1]]
+    assert done_text(events["upload"]) == done_text(alone_events["upload"])
+    upload_decodes = [(thread, p) for thread, p in decodes if 1 in p]
+    assert upload_decodes and any(0 in p for _, p in decodes)
+    assert all(thread.startswith("voxrt-upload") and p == [1] for thread, p in upload_decodes)
+    assert most_at_once == 1

@@ -7,7 +7,7 @@ committed whole (endpointing), so the next sentence starts a fresh window.
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import structlog
@@ -25,6 +25,17 @@ from voxtral.whisper.timing import timed_words
 from voxtral.whisper.words import TokenWords, is_spaced
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass
+class UploadDecode:
+    """An upload's window decoding on the upload lane."""
+
+    window: Window
+    hypothesis: Future[list[Hypothesis | Exception | None]]
+    # A turn began while it decoded, with none before it: the silence before that turn goes
+    # once the window is committed (`WhisperRunner.turn`).
+    silence_until: int | None = None
 
 
 class WhisperRunner:
@@ -46,6 +57,10 @@ class WhisperRunner:
         self.model = model
         self.lanes = lanes
         self.pool = ThreadPoolExecutor(lanes, thread_name_prefix="voxrt-lane") if lanes > 1 else None
+        # Uploads (`Request.priority` > 0) decode on a thread of their own, a window at a time,
+        # beside the steps of live speech: request id -> the window and its decode.
+        self.upload_lane = ThreadPoolExecutor(1, thread_name_prefix="voxrt-upload")
+        self.uploading: dict[str, UploadDecode] = {}
         self.device = model.device
         self.policy = policy or WhisperPolicy()
         self.chunk_samples = int(self.policy.chunk_seconds * SAMPLE_RATE) // HOP * HOP
@@ -121,7 +136,11 @@ class WhisperRunner:
                 state.turns[-1].stop = position
             return
         if not state.turns:  # everything before is committed: its silence may go
-            self._leave_silence(state, position)
+            decoding = next((d for d in self.uploading.values() if d.window.state is state), None)
+            if decoding is None:
+                self._leave_silence(state, position)
+            else:  # once the upload's window in decoding is committed: until then it is the lane's
+                decoding.silence_until = position
         state.turns.append(Speech(position))
 
     def _leave_silence(self, state: WhisperStream, until: int) -> None:
@@ -151,7 +170,11 @@ class WhisperRunner:
         return max(state.turns[0].start + round(least * POSITIONS_PER_SECOND), state.decoded_until + update)
 
     def release(self, state: WhisperStream) -> None:
-        """Nothing device-side is per-utterance for Whisper: the window lives in the encoder cache."""
+        """An upload's window in decoding is dropped (its decode ends on its own); nothing else is
+        per-utterance: the window lives in the encoder cache."""
+        for request_id, decoding in list(self.uploading.items()):
+            if decoding.window.state is state:
+                del self.uploading[request_id]
 
     def submit(self, out: SchedulerOutput, states: dict[str, WhisperStream]) -> Future[StepResult]:
         return run_now(self.execute, out, states)
@@ -168,11 +191,12 @@ class WhisperRunner:
         }
         # What this step decides about each request's window, handed back as its output.
         updates = {rid: RequestUpdate(request.retain_from, None) for rid, (request, *_) in step.items()}
-        # Live speech first, the longest due first (a turn that ended, None, takes no room: any
-        # place will do); then uploads.
-        due = sorted(step.values(), key=lambda d: (d[0].priority, self._due_from(d[1]) or 0))
+        for request, state, end, final in step.values():
+            if request.priority:
+                self._upload_step(request, state, end, final, updates[request.request_id], result)
+        # The longest due first (a turn that ended, None, takes no room: any place will do).
+        due = sorted((d for d in step.values() if not d[0].priority), key=lambda d: self._due_from(d[1]) or 0)
         going_on = 0  # windows of turns going on planned this step
-        live = waiting = 0  # windows planned this step of live speech, and of work that may wait
         # Rounds: a window that committed a turn whole, with more turns heard behind it, is
         # planned again on the same audio (only a faster-than-real-time client gets there).
         while due:
@@ -181,37 +205,16 @@ class WhisperRunner:
                 try:
                     room = going_on < self.policy.max_windows_per_step * self.lanes
                     update = updates[request.request_id]
-                    if request.priority and (live or waiting):
-                        # Work that may wait takes a step live speech leaves, a window at a
-                        # time: a live window then waits for one of its windows at most.
-                        update.waiting_from = state.window_start
-                        continue
                     turns = len(state.turns)
                     if (window := self._plan(request, state, end, final, room, update)) is not None:
                         windows.append(window)
                         going_on += not window.commit_all
-                        live += not request.priority
-                        waiting += bool(request.priority)
-                    elif final:
-                        result.add(request.request_id, UtteranceOutput(finished=True))
-                    elif len(state.turns) < turns:  # a turn ended with nothing left to decode
-                        result.add(request.request_id, UtteranceOutput(turn_ended=True))
+                    else:
+                        self._nothing_to_decode(request, state, final, result, turns)
                 except Exception as fault:
                     result.failed[request.request_id] = fault
             for window, hyp in zip(windows, self._decode(windows), strict=True):
-                request_id = window.request.request_id
-                if isinstance(hyp, Exception):
-                    result.failed[request_id] = hyp
-                    continue
-                try:
-                    output = self._commit(window, hyp)
-                except Exception as fault:
-                    result.failed[request_id] = fault
-                    continue
-                output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
-                output.window_seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
-                if output.text or output.finished or output.num_tokens or output.turn_ended:
-                    result.add(request_id, output)
+                self._deliver(window, hyp, result)
             due = [
                 step[w.request.request_id]
                 for w in windows
@@ -221,6 +224,73 @@ class WhisperRunner:
             if request_id not in result.failed:
                 result.last(request_id).update = update
         return result
+
+    def _upload_step(
+        self,
+        request: Request,
+        state: WhisperStream,
+        end: int,
+        final: bool,
+        update: RequestUpdate,
+        result: StepResult,
+    ) -> None:
+        """An upload's window decodes on a lane of its own, one at a time, while the steps of
+        live speech go on beside it; the first step after it is done delivers it."""
+        request_id = request.request_id
+        try:
+            if (decoding := self.uploading.get(request_id)) is not None:
+                if not decoding.hypothesis.done():
+                    update.waiting_from = state.window_start  # decoding: not done
+                    return
+                del self.uploading[request_id]
+                (hyp,) = decoding.hypothesis.result()
+                self._deliver(replace(decoding.window, update=update), hyp, result)
+                if request_id in result.failed or decoding.window.final:
+                    return
+                if decoding.silence_until is not None:
+                    self._leave_silence(state, decoding.silence_until)
+            if self.uploading:  # another upload's window has the lane
+                update.waiting_from = state.window_start
+                return
+            # Decoded whole once it ends, as a file is transcribed offline (the rest is coming),
+            # unless more of it is here than one decode reads.
+            turn = state.turns[0] if state.turns else None
+            if turn and turn.stop is None and not final and end - state.window_start < self.model.max_frames:
+                return
+            turns = len(state.turns)
+            if (window := self._plan(request, state, end, final, True, update)) is None:
+                self._nothing_to_decode(request, state, final, result, turns)
+                return
+            hypothesis = self.upload_lane.submit(self._decode_lane, [window])
+            self.uploading[request_id] = UploadDecode(window, hypothesis)
+            update.waiting_from = state.window_start
+        except Exception as fault:
+            result.failed[request_id] = fault
+
+    def _nothing_to_decode(
+        self, request: Request, state: WhisperStream, final: bool, result: StepResult, turns: int
+    ) -> None:
+        """A request planned no window: it may be finished, or a turn of it may have ended."""
+        if final:
+            result.add(request.request_id, UtteranceOutput(finished=True))
+        elif len(state.turns) < turns:  # a turn ended with nothing left to decode
+            result.add(request.request_id, UtteranceOutput(turn_ended=True))
+
+    def _deliver(self, window: Window, hyp: Hypothesis | Exception | None, result: StepResult) -> None:
+        """A decoded window committed, its output added to the step's result."""
+        request_id = window.request.request_id
+        if isinstance(hyp, Exception):
+            result.failed[request_id] = hyp
+            return
+        try:
+            output = self._commit(window, hyp)
+        except Exception as fault:
+            result.failed[request_id] = fault
+            return
+        output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
+        output.window_seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
+        if output.text or output.finished or output.num_tokens or output.turn_ended:
+            result.add(request_id, output)
 
     def _plan(
         self, request: Request, state: WhisperStream, end: int, final: bool, room: bool, update: RequestUpdate
