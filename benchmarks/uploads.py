@@ -12,7 +12,8 @@ served model's offline transcript of each recording) and the server's peak RSS; 
 session alone and beside the uploads, committed p50/p95 (from each word's end in the audio to
 when it appeared and stayed) and WER, and how much of the uploads was done meanwhile.
 
-    .venv/bin/python -m benchmarks.uploads [--minutes 60] [--live-seconds 60] [--upload-minutes 10]
+    .venv/bin/python -m benchmarks.uploads [--minutes 60 (0: none)] [--live-seconds 60]
+        [--upload-minutes 10] [--rounds 1]
 """
 
 import argparse
@@ -87,51 +88,53 @@ def main() -> None:
     parser.add_argument(
         "--upload-minutes", type=float, default=10.0, help="of each upload beside the live one"
     )
+    parser.add_argument("--rounds", type=int, default=1, help="of the live session alone, then beside")
     args = parser.parse_args()
     model, timing = tiny_en_models()
-    count = int(args.minutes * 60 / 80) + 2  # a passage is about 80 s
+    count = int(max(args.minutes, args.upload_minutes) * 60 / 80) + 2  # a passage is about 80 s
     passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], count)
-    long_file, long_text = recording_of(passages, args.minutes * 60)
     side_files = [recording_of(passages[i:] + passages[:i], args.upload_minutes * 60)[0] for i in (1, 2)]
     speaker = cut(passages[-1], args.live_seconds)
     server = ServerProcess()
+    rounds = []
     try:
-        text, seconds = upload(server.port, long_file)
-        audio_seconds = len(soundfile.read(io.BytesIO(long_file))[0]) / SAMPLE_RATE
-        long_row = {
-            "audio_s": round(audio_seconds, 1),
-            "seconds": round(seconds, 1),
-            "x_real_time": round(audio_seconds / seconds, 1),
-            "wer": round(whisper_wer(long_text, text), 3),
-            "peak_rss_mb": peak_rss_mb(server.process.pid),
-        }
+        long_row = None
+        if args.minutes:
+            long_file, long_text = recording_of(passages, args.minutes * 60)
+            text, seconds = upload(server.port, long_file)
+            audio_seconds = len(soundfile.read(io.BytesIO(long_file))[0]) / SAMPLE_RATE
+            long_row = {
+                "audio_s": round(audio_seconds, 1),
+                "seconds": round(seconds, 1),
+                "x_real_time": round(audio_seconds / seconds, 1),
+                "wer": round(whisper_wer(long_text, text), 3),
+                "peak_rss_mb": peak_rss_mb(server.process.pid),
+            }
         with ClientProcess() as clients:
-            alone = live(server, clients, speaker)
-            done: list[float] = []
-            threads = [
-                threading.Thread(target=lambda data=data: done.append(upload(server.port, data)[1]))
-                for data in side_files
-            ]
-            for thread in threads:
-                thread.start()
-            time.sleep(2.0)  # both uploads are in the engine
-            beside = live(server, clients, speaker)
-            beside["uploads_done_meanwhile"] = len(done)
-            for thread in threads:
-                thread.join()
+            for _ in range(args.rounds):
+                rounds.append(live_alone_and_beside_uploads(server, clients, speaker, side_files))
     finally:
         server.stop()
-    print(
-        json.dumps(
-            {
-                "settings": vars(args),
-                "long_upload": long_row,
-                "live_alone": alone,
-                "live_beside_two_uploads": beside,
-                "side_upload_seconds": [round(s, 1) for s in done],
-            }
-        )
-    )
+    print(json.dumps({"settings": vars(args), "long_upload": long_row, "live": rounds}))
+
+
+def live_alone_and_beside_uploads(
+    server: ServerProcess, clients: ClientProcess, speaker: Passage, side_files: list[bytes]
+) -> dict:
+    alone = live(server, clients, speaker)
+    done: list[float] = []
+    threads = [
+        threading.Thread(target=lambda data=data: done.append(upload(server.port, data)[1]))
+        for data in side_files
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(2.0)  # both uploads are in the engine
+    beside = live(server, clients, speaker)
+    beside["uploads_done_meanwhile"] = len(done)
+    for thread in threads:
+        thread.join()
+    return {"alone": alone, "beside_two_uploads": beside, "upload_seconds": [round(s, 1) for s in done]}
 
 
 if __name__ == "__main__":
