@@ -18,8 +18,9 @@ from pathlib import Path
 import soundfile
 from tqdm import tqdm
 
-EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
-FORMATS = ("text", "json", "srt", "vtt")
+from captions import FORMATS
+from clients.stream import EXIT_CONNECTION, EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE
+
 RETRIES = 5  # a busy server (429, 503) is asked again after its Retry-After, this many times
 
 

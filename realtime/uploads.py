@@ -183,7 +183,9 @@ class Uploads:
     ) -> AsyncIterator[Delta | Transcript]:
         """The upload's deltas, then its transcript; its audio is fed meanwhile."""
         feeder = asyncio.create_task(self._feed(job.utterance_id, samples))
-        language = asked.transcription.language or next(iter(self.engine.runner.languages or {"en"}))
+        # Named, or a one-language model's, or what the model detects (`LanguageDetected`).
+        served = self.engine.runner.languages or frozenset()
+        language = asked.transcription.language or (next(iter(served)) if len(served) == 1 else "")
         try:
             while True:
                 event = await job.events.get()

@@ -121,33 +121,35 @@ def test_a_flac_at_44100_hz_in_stereo_reads_as_the_wav(served):
 
 
 def test_bad_oversize_and_unserved_requests_get_openai_errors_and_the_wire_goes_on(served):
-    client = sdk(served)
-    with pytest.raises(openai.BadRequestError) as bad:
-        client.audio.transcriptions.create(file=("notes.wav", b"these are not samples"), model="whisper-1")
-    assert bad.value.code == "invalid_file" and "WAV" in bad.value.message
-    noise = io.BytesIO()
-    soundfile.write(noise, np.zeros(16000 * 40, np.float32), 16000, format="WAV")  # 1.2 MiB
-    with pytest.raises(openai.APIStatusError) as large:
-        client.audio.transcriptions.create(file=("long.wav", noise.getvalue()), model="whisper-1")
-    assert large.value.status_code == 413 and large.value.code == "file_too_large"
-    with pytest.raises(openai.BadRequestError) as task:
-        client.audio.translations.create(file=("welcome.wav", WELCOME.read_bytes()), model="whisper-1")
-    assert task.value.code == "unsupported_task"
-    for options, code in [
-        ({"response_format": "docx"}, "invalid_value"),
-        ({"language": "fr"}, "unsupported_language"),
-        ({"timestamp_granularities": ["word"]}, "invalid_value"),  # without verbose_json
-        ({"response_format": "srt", "stream": True}, "invalid_value"),
-    ]:
-        with pytest.raises(openai.BadRequestError) as refused:
-            transcribe(served, **options)
-        assert refused.value.code == code, options
-    # The WebSocket wire on the same port, all along.
+    """A bystander streams on the WebSocket wire, same port and engine, while each bad request is answered."""
     from websockets.sync.client import connect
 
+    client = sdk(served)
     with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
-        stream(ws, load_audio_file(WELCOME))
+        stream(ws, load_audio_file(WELCOME))  # sent whole: transcribed while the bad requests come
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.audio.transcriptions.create(
+                file=("notes.wav", b"these are not samples"), model="whisper-1"
+            )
+        assert bad.value.code == "invalid_file" and "WAV" in bad.value.message
+        noise = io.BytesIO()
+        soundfile.write(noise, np.zeros(16000 * 40, np.float32), 16000, format="WAV")  # 1.2 MiB
+        with pytest.raises(openai.APIStatusError) as large:
+            client.audio.transcriptions.create(file=("long.wav", noise.getvalue()), model="whisper-1")
+        assert large.value.status_code == 413 and large.value.code == "file_too_large"
+        with pytest.raises(openai.BadRequestError) as task:
+            client.audio.translations.create(file=("welcome.wav", WELCOME.read_bytes()), model="whisper-1")
+        assert task.value.code == "unsupported_task"
+        for options, code in [
+            ({"response_format": "docx"}, "invalid_value"),
+            ({"language": "fr"}, "unsupported_language"),
+            ({"timestamp_granularities": ["word"]}, "invalid_value"),  # without verbose_json
+            ({"response_format": "srt", "stream": True}, "invalid_value"),
+        ]:
+            with pytest.raises(openai.BadRequestError) as refused:
+                transcribe(served, **options)
+            assert refused.value.code == code, options
         done = events_until(ws, "transcription.done")[-1]
     assert word_error_rate(welcome_text(), done["text"]) <= 0.1
 
