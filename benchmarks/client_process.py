@@ -49,10 +49,13 @@ def stream_sessions(
     language: str | None = None,
     arrival_seconds: float = 0.0,
     retry_seconds: float = 0.0,
+    word_timestamps: bool = False,
+    speakers: bool = False,
 ) -> list[Arrival]:
     """Each audio streamed in real time in 100 ms chunks over its own connection, the
     connections opened `arrival_seconds` apart; a 503 is retried after its `Retry-After`
-    for up to `retry_seconds`."""
+    for up to `retry_seconds`. `interim`, `language`, `word_timestamps`, `speakers`: what each
+    session asks for."""
 
     async def one(index: int, audio: np.ndarray) -> Arrival:
         await asyncio.sleep(index * arrival_seconds)
@@ -64,7 +67,9 @@ def stream_sessions(
         except InvalidStatus as exc:
             return Arrival(Refused.of(exc), refusals)
         async with connection:
-            result = await stream_utterance(connection, audio, 100, 1.0, interim=interim, language=language)
+            result = await stream_utterance(
+                connection, audio, 100, 1.0, None, interim, language, word_timestamps, speakers
+            )
         return Arrival(result, refusals)
 
     async def all_sessions() -> list[Arrival]:

@@ -1,7 +1,9 @@
 """Captions from a transcript's timed words: one cue per sentence or turn, at most two lines.
 
 Words arrive as the server sends them (`transcription.delta`'s `words`, vLLM's wire with
-`word_timestamps`): `{"word", "start", "end", "probability"}`, seconds on the audio. The file
+`word_timestamps`): `{"word", "start", "end", "probability"}`, seconds on the audio, and
+`"speaker"` where the session asked for speakers (`diarize`): then a cue holds one speaker's
+words and says whose they are (SRT: `S1: ` before its text; WebVTT: a voice span). The file
 formats are written by their libraries (`srt`, `webvtt-py`).
 """
 
@@ -25,6 +27,7 @@ class Cue:
     start: float
     end: float
     lines: list[str]
+    speaker: str | None = None
 
 
 def _lines(words: list[str]) -> list[str]:
@@ -33,18 +36,20 @@ def _lines(words: list[str]) -> list[str]:
 
 def cues(words: list[dict]) -> list[Cue]:
     """Words grouped into cues: a cue ends at a sentence's end, before a pause of a turn's
-    length, or before a word that would not fit its lines."""
+    length, before another speaker's word, or before a word that would not fit its lines."""
     out: list[Cue] = []
     current: list[dict] = []
 
     def close() -> None:
         if current:
-            out.append(Cue(current[0]["start"], current[-1]["end"], _lines([w["word"] for w in current])))
+            lines = _lines([w["word"] for w in current])
+            out.append(Cue(current[0]["start"], current[-1]["end"], lines, current[0].get("speaker")))
             current.clear()
 
     for word in words:
         if current and (
             word["start"] - current[-1]["end"] >= TURN_PAUSE_SECONDS
+            or word.get("speaker") != current[-1].get("speaker")
             or len(_lines([w["word"] for w in current] + [word["word"]])) > MAX_LINES
         ):
             close()
@@ -63,17 +68,43 @@ def _timestamp(seconds: float) -> str:
     return f"{hours:02d}:{minutes:02d}:{millis // 1000:02d}.{millis % 1000:03d}"
 
 
+def _said(cue: Cue, before: str = "", after: str = "") -> list[str]:
+    """The cue's lines, its speaker named before them."""
+    if cue.speaker is None:
+        return cue.lines
+    return [f"{before}{cue.speaker}{after}{cue.lines[0]}", *cue.lines[1:]]
+
+
 def render(fmt: str, text: str, words: list[dict]) -> str:
-    """The transcript as `fmt` (one of FORMATS)."""
+    """The transcript as `fmt` (one of FORMATS); with speakers, `text` is one line per turn."""
     if fmt == "text":
+        if words and "speaker" in words[0]:
+            return "".join(f"{c.speaker}: {' '.join(c.lines)}\n" for c in _turns(words))
         return text + "\n"
     if fmt == "json":
         return json.dumps({"text": text, "words": words}, ensure_ascii=False) + "\n"
     if fmt == "srt":
         subtitles = [
-            srt.Subtitle(i, timedelta(seconds=c.start), timedelta(seconds=c.end), "\n".join(c.lines))
+            srt.Subtitle(
+                i, timedelta(seconds=c.start), timedelta(seconds=c.end), "\n".join(_said(c, "", ": "))
+            )
             for i, c in enumerate(cues(words), 1)
         ]
         return srt.compose(subtitles)
-    captions = [webvtt.Caption(_timestamp(c.start), _timestamp(c.end), c.lines) for c in cues(words)]
+    captions = [
+        webvtt.Caption(_timestamp(c.start), _timestamp(c.end), _said(c, "<v ", ">")) for c in cues(words)
+    ]
     return webvtt.WebVTT(captions=captions).content
+
+
+def _turns(words: list[dict]) -> list[Cue]:
+    """Each run of one speaker's words, on one line."""
+    out: list[Cue] = []
+    for word in words:
+        if out and out[-1].speaker == word.get("speaker"):
+            last = out.pop()
+            word_text = f"{last.lines[0]} {word['word']}"
+            out.append(Cue(last.start, word["end"], [word_text], last.speaker))
+        else:
+            out.append(Cue(word["start"], word["end"], [word["word"]], word.get("speaker")))
+    return out

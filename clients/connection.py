@@ -111,7 +111,11 @@ async def commit(connection: ClientConnection, final: bool = False) -> None:
 
 
 async def update_session(
-    connection: ClientConnection, interim: bool, language: str | None, word_timestamps: bool = False
+    connection: ClientConnection,
+    interim: bool,
+    language: str | None,
+    word_timestamps: bool = False,
+    speakers: bool = False,
 ) -> None:
     """voxrt's session.update extensions, sent only when asked for (a plain vLLM session has none)."""
     settings: dict = {"interim": True} if interim else {}
@@ -119,6 +123,8 @@ async def update_session(
         settings["language"] = language
     if word_timestamps:
         settings["word_timestamps"] = True
+    if speakers:
+        settings["diarize"] = True
     if settings:
         await connection.send(json.dumps({"type": "session.update", **settings}))
 
@@ -132,19 +138,20 @@ async def stream_utterance(
     interim: bool = False,
     language: str | None = None,
     word_timestamps: bool = False,
+    speakers: bool = False,
 ) -> Utterance:
     """Stream `samples` paced at `speed` x real time (0: as fast as possible), then wait for done.
 
     Paced like a microphone: a chunk is sent once it has been captured, so time 0 (the
     start of every timestamp in the result) is when the first sample was heard. `interim`,
-    `language` (for a multilingual model; None: it detects) and `word_timestamps` are asked
-    for first.
+    `language` (for a multilingual model; None: it detects), `word_timestamps` and `speakers`
+    (each word's speaker) are asked for first.
     """
     result = Utterance()
     started = time.monotonic()
 
     async def send_all() -> None:
-        await update_session(connection, interim, language, word_timestamps)
+        await update_session(connection, interim, language, word_timestamps, speakers)
         await commit(connection)
         chunk = int(SAMPLE_RATE * chunk_ms / 1000)
         for offset in range(0, len(samples), chunk):

@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--retry-seconds", type=float, default=RETRY_SECONDS, help="retry a busy server this long"
     )
     parser.add_argument(
+        "--speakers", action="store_true", help="label who said each word in what --save writes"
+    )
+    parser.add_argument(
         "--save",
         default=None,
         metavar="FILE",
@@ -153,6 +156,7 @@ async def _utterance(
     language: str | None,
     transcript: Transcript,
     word_timestamps: bool,
+    speakers: bool,
 ) -> tuple[int, str | None]:
     """Stream the source's chunks as one utterance until `transcription.done` (after Ctrl-C,
     or when a draining server ends it), kept in `transcript`: (exit status, final text)."""
@@ -160,7 +164,7 @@ async def _utterance(
 
     async def send() -> None:
         nonlocal sent
-        await update_session(connection, True, language, word_timestamps)
+        await update_session(connection, True, language, word_timestamps, speakers)
         await commit(connection)
         while (chunk := await queue.get()) is not None:
             display.level(_level_db(chunk))
@@ -218,7 +222,7 @@ async def _run(args: argparse.Namespace, sd) -> int:
                 return EXIT_CONNECTION
             timed = args.save is not None and save_format(args.save) != "text"
             status, final_text = await _utterance(
-                connection, queue, display, args.language, transcript, timed
+                connection, queue, display, args.language, transcript, timed, args.speakers
             )
             if final_text is not None:
                 print(("\r\x1b[K" if display.tty else "\n") + final_text, flush=True)

@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--language", default=None, help="e.g. fr, for a multilingual model (default: detected)"
     )
+    parser.add_argument(
+        "--speakers", action="store_true", help="label who said each word: on each cue, turn or json word"
+    )
     parser.add_argument("--api-key", default=None)
     parser.add_argument(
         "--retry-seconds",
@@ -103,6 +106,7 @@ async def _stream(args: argparse.Namespace, audios: list) -> int:
                     args.interim,
                     args.language,
                     word_timestamps=args.format in ("json", "srt", "vtt"),
+                    speakers=args.speakers,
                 )
             except WebSocketException as exc:
                 return _fail(EXIT_CONNECTION, f"connection lost while streaming {path}: {exc}")

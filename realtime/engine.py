@@ -24,6 +24,7 @@ from realtime.ingest import Ingest
 from realtime.utterance import Utterances
 from scheduler import Scheduler, SchedulerOutput
 from voxtral.runner import ModelRunner, StepResult, Transcription
+from voxtral.speaker_encoder import SpeakerEncoder
 from voxtral.vad import Vad, VadConfig
 
 log = structlog.get_logger(__name__)
@@ -42,6 +43,7 @@ class Engine:
         self.feature_cache = FeatureCache(self.config.feature_cache_bytes)
         self.utterances = Utterances(runner, self.scheduler, Ingest(runner, self.feature_cache), self.config)
         self.vad = Vad()
+        self.speaker_encoder = SpeakerEncoder()
         self.capacity = Capacity(
             self.config.capacity,
             runner.step_period_seconds,
@@ -174,7 +176,7 @@ class Engine:
         With two steps in flight the host schedules step N+1 and hands out step N-1's
         text while the device runs step N.
         """
-        self.utterances.detect_turns(self.vad)
+        self.utterances.detect_turns(self.vad, self.speaker_encoder)
         out = self.scheduler.schedule()
         if out.scheduled:
             self._submit(out)

@@ -17,6 +17,8 @@ from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
 from voxtral.runner import ModelRunner, UtteranceOutput, run_rows
+from voxtral.speaker_encoder import SpeakerEncoder
+from voxtral.speakers import Segment, SpeakerStream
 from voxtral.vad import Turn, Vad, VadStream
 
 log = structlog.get_logger(__name__)
@@ -33,6 +35,7 @@ class Utterance:
     vad: VadStream = field(default_factory=VadStream)
     output: OutputProcessor = field(default_factory=OutputProcessor)
     num_client_samples: int = 0  # what the client sent, without the family's padding
+    speakers: SpeakerStream | None = None  # where the session asked who said each word
 
     @property
     def id(self) -> str:
@@ -65,15 +68,18 @@ class Utterances(dict[str, Utterance]):
             )
             return
         request = Request(command.utterance_id, command.priority)
+        asked = command.transcription
         try:
-            state = self.runner.new_state(request, command.transcription)
+            state = self.runner.new_state(request, asked)
         except NoFreeSlot as exc:
             self.emit(command.utterance_id, Failed("too_many_sessions", str(exc)))
             return
         # Held from here on: whatever fails next, `fail` frees it.
         utterance = self[command.utterance_id] = Utterance(request, state, vad=VadStream(command.vad))
-        if command.transcription.word_times:
+        if asked.word_times or asked.speakers:
             utterance.output.words = []
+        if asked.speakers:
+            utterance.speakers = SpeakerStream(command.vad)
         self.scheduler.add_request(request)
         self._ingest(utterance, np.zeros(self.runner.leading_silence_samples, np.float32), time.monotonic())
 
@@ -85,6 +91,8 @@ class Utterances(dict[str, Utterance]):
         else:
             self._ingest(utterance, samples, arrived_at)
             utterance.vad.feed(samples)
+            if utterance.speakers is not None:
+                utterance.speakers.feed(samples)
 
     def finish_input(self, utterance: Utterance, arrived_at: float) -> None:
         """The family's trailing silence, then the final item: what is buffered, padded."""
@@ -98,19 +106,31 @@ class Utterances(dict[str, Utterance]):
             utterance.id, self.ingest.append(utterance.buffer, samples, utterance.id, arrived_at)
         )
 
-    def detect_turns(self, vad: Vad) -> None:
+    def detect_turns(self, vad: Vad, speaker_encoder: SpeakerEncoder) -> None:
         """VAD over every utterance's new audio in one batched call; each turn goes to the
         family (endpointing, skipping silence) and to the listener. Input that ends during
-        speech ends the turn there. A fault fails the utterances it comes from alone."""
+        speech ends the turn there. The same frames cut the speech of those that asked for
+        speakers, whose due clips are embedded in one more batched call. A fault fails the
+        utterances it comes from alone."""
         live = [
             u for u in self.values() if u.vad.whole_frames() or (u.request.input_finished and u.vad.speaking)
         ]
         heard = run_rows(vad.probabilities, [u.vad for u in live])
+        clips: list[tuple[Utterance, Segment, np.ndarray]] = []
         for utterance, probabilities in zip(live, heard, strict=True):
             with self.walled(utterance):
                 if isinstance(probabilities, Exception):
                     raise probabilities
                 self._turns(utterance, vad.track(utterance.vad, probabilities))
+                if utterance.speakers is not None:
+                    clips += [(utterance, *clip) for clip in utterance.speakers.hear(probabilities)]
+        embeddings = run_rows(speaker_encoder.embed, [clip for _, _, clip in clips])
+        for (utterance, segment, _), embedding in zip(clips, embeddings, strict=True):
+            if utterance.id in self:
+                with self.walled(utterance):
+                    if isinstance(embedding, Exception):
+                        raise embedding
+                    utterance.speakers.embedded(segment, embedding)
 
     def _turns(self, utterance: Utterance, turns: list[Turn]) -> None:
         ended_at = utterance.num_client_samples * 1000 // SAMPLE_RATE
@@ -159,6 +179,8 @@ class Utterances(dict[str, Utterance]):
 
     def deliver(self, utterance: Utterance, output: UtteranceOutput, resolved: list[int]) -> None:
         """A step's output: the text comes from the ids it sampled, resolved in the request."""
+        if utterance.speakers is not None and output.words:
+            output.words = utterance.speakers.label(output.words)
         text = output.text
         if resolved or output.finished:
             text += self.runner.detokenize(utterance.state, resolved, output.finished)

@@ -41,6 +41,9 @@ if "${wheel[@]}" --no-index 2>/dev/null; then
 else
     "${wheel[@]}" --extra-index-url "$TORCH_INDEX"
 fi
+# resemblyzer's webrtcvad comes as source only: built here, where a compiler is, for the
+# image's Python (bookworm's 3.11, as this machine's).
+python3 -m pip wheel -q --no-deps -w wheels webrtcvad==2.0.10
 # pip in the build verifies TLS with this machine's certificates (a proxy's CA may be among them).
 cp /etc/ssl/certs/ca-certificates.crt wheels/ca-certificates.crt
 "${BUILDAH[@]}" bud -q --isolation chroot --format docker --layers=false \

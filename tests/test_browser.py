@@ -7,14 +7,18 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 import srt
 from playwright.sync_api import expect, sync_playwright
 
+from benchmarks.conversations import conversation, synthetic_voices
 from benchmarks.text import word_error_rate
 from realtime.config import ServerConfig
 from tests.conftest import SAMPLES, espeak
 from tests.server_harness import ServerThread
+from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.runner import WhisperRunner
 
 SPOKEN = "The library opens in the morning and closes in the evening. You can borrow many books for a while."
@@ -114,3 +118,44 @@ def test_a_dropped_file_is_transcribed_and_its_captions_download(whisper_model, 
     assert word_error_rate(text, shown) <= 0.1, shown
     assert " ".join(c.content.replace("\n", " ") for c in captions) == shown
     assert [c.start.total_seconds() for c in captions] == sorted(c.start.total_seconds() for c in captions)
+
+
+@pytest.mark.slow
+def test_who_spoke_colours_each_speakers_words_and_names_them_in_the_captions(whisper_model, tmp_path):
+    talk = conversation("page", synthetic_voices(tmp_path), 2, 4, seed=3)
+    speech = tmp_path / "talk.wav"
+    soundfile.write(speech, np.concatenate([talk.audio, np.zeros(3 * SAMPLE_RATE, np.float32)]), SAMPLE_RATE)
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4))
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=chromium(),
+                args=[
+                    "--use-fake-ui-for-media-stream",
+                    "--use-fake-device-for-media-stream",
+                    f"--use-file-for-fake-audio-capture={speech}%noloop",
+                ],
+            )
+            page = browser.new_page(accept_downloads=True)
+            page.goto(harness.http + "/")
+            page.check("#speakers")
+            page.click("#start")
+            expect(page.locator("#status")).to_have_text("listening", timeout=20_000)
+            # Both voices heard: the second speaker's first words are labelled.
+            expect(page.locator('#text .word[data-speaker="S2"]').first).to_be_visible(timeout=120_000)
+            page.click("#start")
+            expect(page.locator("#status")).to_have_text("done", timeout=30_000)
+            words = page.locator("#text .word")
+            labelled = [
+                (words.nth(i).get_attribute("data-speaker"), words.nth(i).evaluate("e => e.style.color"))
+                for i in range(words.count())
+            ]
+            with page.expect_download() as download:
+                page.click("#srt")
+            captions = list(srt.parse(Path(download.value.path()).read_text()))
+            browser.close()
+    finally:
+        harness.stop()
+    colours = dict(labelled)
+    assert set(colours) == {"S1", "S2"} and colours["S1"] != colours["S2"], labelled
+    assert all(c.content.startswith(("S1: ", "S2: ")) for c in captions), captions

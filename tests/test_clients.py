@@ -9,15 +9,18 @@ import sys
 import time
 
 import pytest
+import soundfile
 import srt
 import webvtt
 
 import captions
+from benchmarks.conversations import conversation, synthetic_voices
 from benchmarks.text import word_error_rate
 from clients import mic, soak
 from realtime.config import EngineConfig, ServerConfig
 from tests.conftest import ROOT, SAMPLES
 from tests.server_harness import ServerThread, wait_until
+from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.runner import WhisperRunner
 
 WELCOME = str(SAMPLES / "welcome.wav")
@@ -93,6 +96,40 @@ def test_stream_writes_captions_the_format_libraries_read_back(server, tmp_path)
         assert result.stdout.strip().splitlines()[-1] in " ".join(
             text.replace("\n", " ") for *_, text in parsed
         )
+
+
+def test_stream_with_speakers_names_each_speaker_on_cues_turns_and_words(server, tmp_path):
+    talk = conversation("clients", synthetic_voices(tmp_path), 2, 4, seed=2)
+    wav = tmp_path / "talk.wav"
+    soundfile.write(wav, talk.audio, SAMPLE_RATE)
+    written = {}
+    for fmt in ("json", "srt", "vtt", "text"):
+        out = tmp_path / f"talk.{fmt}"
+        result = voxrt(
+            "stream",
+            str(wav),
+            "--url",
+            server.url,
+            "--speed",
+            "0",
+            "--speakers",
+            "--format",
+            fmt,
+            "-o",
+            str(out),
+        )
+        assert result.returncode == 0, result.stderr
+        written[fmt] = out
+    # Each run labels on its own: how fast it was read decides when its words were labelled.
+    words = json.loads(written["json"].read_text())["words"]
+    runs = [speaker for speaker, _ in itertools.groupby(w["speaker"] for w in words)]
+    assert set(runs) == {"S1", "S2"} and len(runs) >= 3, runs
+    voices = [c.voice for c in webvtt.read(str(written["vtt"]))]
+    assert set(voices) == {"S1", "S2"}, voices
+    named = [c.content.split(": ", 1)[0] for c in srt.parse(written["srt"].read_text())]
+    assert set(named) == {"S1", "S2"}, named
+    turns = [line.split(": ", 1)[0] for line in written["text"].read_text().splitlines()]
+    assert set(turns) == {"S1", "S2"} and all(a != b for a, b in itertools.pairwise(turns)), turns
 
 
 def test_stream_exit_codes(server, tmp_path):

@@ -42,6 +42,9 @@ def test_a_client_gets_generates_transcript_and_a_vanished_one_leaves_nothing(vo
             ws.send(json.dumps({"type": "session.update", "model": "voxtral", "word_timestamps": True}))
             refused = events_until(ws, "error")[-1]  # its tokens are not timed words
             assert refused["code"] == "unsupported_option", refused
+            ws.send(json.dumps({"type": "session.update", "diarize": True}))  # nor speakers, then
+            refused = events_until(ws, "error")[-1]
+            assert refused["code"] == "unsupported_option" and "speaker" in refused["error"], refused
             ws.send(json.dumps({"type": "session.update", "model": "voxtral"}))
             ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             for piece in pieces(audio, "random", seed=5):

@@ -64,11 +64,17 @@ def raw_log_mel(
             np.zeros(half - len(right), np.float32),
         ]
     )
-    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][: len(samples) // HOP]
+    mel = np.maximum(mel_power(padded, len(samples) // HOP, n_mels), 1e-10)
+    return torch.from_numpy(np.log10(mel).astype(np.float32))
+
+
+def mel_power(padded: np.ndarray, num_frames: int, n_mels: int) -> np.ndarray:
+    """Mel power (n_mels, num_frames) in float64 of frames of 400 samples every 160, the first
+    starting at `padded[0]` (librosa's with centring and padding left to the caller)."""
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][:num_frames]
     spectrum = np.fft.rfft(frames * _window(), axis=-1)
     power = spectrum.real**2 + spectrum.imag**2
-    mel = np.maximum(_mel_filters(n_mels) @ power.T, 1e-10)
-    return torch.from_numpy(np.log10(mel).astype(np.float32))
+    return _mel_filters(n_mels) @ power.T
 
 
 def normalize_log_mel(raw: torch.Tensor, num_frames: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ class Transcription:
     task: str = "transcribe"  # or "translate": English text of any speech (multilingual models)
     prompt: str = ""  # text said before: names, terms, spelling (Whisper's previous-text prompt)
     word_times: bool = False  # committed words also come as `TimedWord`s
+    speakers: bool = False  # committed words come as `TimedWord`s, each with its speaker
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TimedWord:
     end: float
     probability: float  # its tokens' mean probability
     tokens: tuple[TokenLogprob, ...]  # the tokens it is written in
+    speaker: str | None = None  # who said it ("S1", ...), where the session asked for speakers
 
 
 @dataclass

@@ -151,22 +151,28 @@ def transcription(
     task: str | None,
     prompt: str | None = None,
     word_times: bool = False,
+    speakers: bool = False,
 ) -> Transcription:
-    """The language, task, prompt and word times a session asked for, or the error naming what
-    the served model supports."""
-    if word_times and not runner.word_times:
-        raise ProtocolError("unsupported_option", f"the served model ({runner.name}) gives no word times")
+    """The language, task, prompt, word times and speaker labels a session asked for, or the
+    error naming what the served model supports."""
+    if (word_times or speakers) and not runner.word_times:
+        asked = "speaker labels" if speakers else "word times"
+        raise ProtocolError(
+            "unsupported_option", f"the served model ({runner.name}) gives no word times: no {asked}"
+        )
     if task not in (None, "transcribe", "translate"):
         raise ProtocolError("invalid_value", f"task {task[:50]!r}: choose 'transcribe' or 'translate'")
     if task == "translate" and not runner.translates:
         raise ProtocolError(
             "unsupported_task", "the served model transcribes only; serve whisper-base to translate"
         )
-    if language is None or runner.languages is None:
-        return Transcription(None, task or "transcribe", prompt or "", word_times)
-    if language.lower() not in runner.languages:
-        supported = ", ".join(sorted(runner.languages))
-        raise ProtocolError(
-            "unsupported_language", f"language {language[:50]!r} is not served; supported: {supported}"
-        )
-    return Transcription(language.lower(), task or "transcribe", prompt or "", word_times)
+    if language is not None and runner.languages is not None:
+        if language.lower() not in runner.languages:
+            supported = ", ".join(sorted(runner.languages))
+            raise ProtocolError(
+                "unsupported_language", f"language {language[:50]!r} is not served; supported: {supported}"
+            )
+        language = language.lower()
+    else:
+        language = None
+    return Transcription(language, task or "transcribe", prompt or "", word_times, speakers)

@@ -6,7 +6,10 @@ audio is the next item's, and at `TurnEnded` (the turn's text is all out) it is 
 Items are cut at the sample where the VAD cut them, and each turn is decoded after the one
 before it. With `turn_detection: null` each client commit ends an utterance and its item.
 Text streams as `...input_audio_transcription.delta` of the item it belongs to, and
-`.completed` carries the item's whole transcript: its deltas, joined.
+`.completed` carries the item's whole transcript: its deltas, joined. A session whose
+transcription model is OpenAI's diarizing one (`DIARIZE_MODEL`) also gets the item's text
+as `...input_audio_transcription.segment` events, one per run of one speaker's words, each
+sent once the next speaker's first word or the item's end closes it.
 """
 
 from collections import deque
@@ -50,6 +53,9 @@ from voxtral.vad import VadConfig
 if TYPE_CHECKING:
     from realtime.connection import Connection
 
+# The transcription model name that asks for speakers: served as the served model, diarized.
+DIARIZE_MODEL = "gpt-4o-transcribe-diarize"
+
 
 @dataclass
 class Item:
@@ -61,6 +67,7 @@ class Item:
     cleared: bool = False  # its audio was cleared: none of its text goes out
     deltas: list[str] = field(default_factory=list)
     words: list[TimedWord] | None = None  # the deltas' words, where the session asked for logprobs
+    run: list[TimedWord] = field(default_factory=list)  # one speaker's words not yet in a segment
 
     @property
     def committed(self) -> bool:
@@ -74,6 +81,7 @@ class Turns:
     start_ms: int  # where its audio begins, on the session's clock
     items: deque[Item] = field(default_factory=deque)  # those whose text is still coming, in order
     language: str | None = None  # what a multilingual model detected
+    speakers: bool = False  # its words carry speakers: its items' text goes out in segments too
 
 
 class OpenAISession:
@@ -125,7 +133,8 @@ class OpenAISession:
             self.connection.send(error(exc.code, exc.message, exc.event_id or event_id))
 
     def _update(self, update: TranscriptionSettings) -> None:
-        check_model(self.connection.model, update.model, self.connection.log)
+        if update.model != DIARIZE_MODEL:
+            check_model(self.connection.model, update.model, self.connection.log)
         if update.rate is not None and update.rate != self.rate:
             if self.buffered_samples:
                 raise ProtocolError(
@@ -134,8 +143,10 @@ class OpenAISession:
                 )
             self.rate = update.rate
             self.resampler = self._resampler()
-        if update.language is not None or update.logprobs:  # checked before any setting changes
-            transcription(self.connection.engine.runner, update.language, None, None, bool(update.logprobs))
+        diarize = update.model == DIARIZE_MODEL
+        if update.language is not None or update.logprobs or diarize:  # checked before any setting changes
+            runner = self.connection.engine.runner
+            transcription(runner, update.language, None, None, bool(update.logprobs), diarize)
         for name in ("model", "language", "prompt", "logprobs"):
             if (value := getattr(update, name)) is not None:
                 setattr(self.settings, name, value)
@@ -151,9 +162,10 @@ class OpenAISession:
                 threshold=self.vad.threshold, silence_ms=self.vad.silence_duration_ms
             )
             runner, settings = self.connection.engine.runner, self.settings
-            asked = transcription(runner, settings.language, None, settings.prompt, bool(settings.logprobs))
+            logprobs, diarize = bool(settings.logprobs), settings.model == DIARIZE_MODEL
+            asked = transcription(runner, settings.language, None, settings.prompt, logprobs, diarize)
             self.utterance = self.connection.start_utterance(vad or None, asked)
-            self.turns[self.utterance] = Turns(self._clock_ms())
+            self.turns[self.utterance] = Turns(self._clock_ms(), speakers=diarize)
             self._new_item(self._clock_ms())
         self._buffer(samples)
 
@@ -235,7 +247,12 @@ class OpenAISession:
             if item.words is not None:
                 item.words += event.words or []
             if not item.cleared:
-                self._transcription("delta", item.id, delta=event.text, **self._logprobs(event.words))
+                words = event.words if item.words is not None else None
+                self._transcription("delta", item.id, delta=event.text, **self._logprobs(words))
+                for word in (event.words or []) if turns.speakers else []:
+                    if item.run and word.speaker != item.run[-1].speaker:
+                        self._segment(turns, item)
+                    item.run.append(word)
         elif isinstance(event, TurnEnded):
             if len(items) > 1:  # the turn's item was committed at its end; the last is still open
                 self._complete(turns, items.popleft())
@@ -253,6 +270,8 @@ class OpenAISession:
             return
         end_ms = self._clock_ms() if item.end_ms is None else item.end_ms
         usage = {"type": "duration", "seconds": round((end_ms - item.start_ms) / 1000, 3)}
+        if item.run:
+            self._segment(turns, item)
         transcript = "".join(item.deltas)
         # `language` (voxrt's extension): what a multilingual model detected, when not set.
         detected = {"language": turns.language} if turns.language else {}
@@ -260,6 +279,20 @@ class OpenAISession:
             "completed", item.id, transcript=transcript, usage=usage, **detected, **self._logprobs(item.words)
         )
         self.connection.send(dump("conversation.item.done", item=item_object(item.id, transcript)))
+
+    def _segment(self, turns: Turns, item: Item) -> None:
+        """The item's run of one speaker's words, as OpenAI's diarized segment: its times in
+        seconds on the session's audio."""
+        run, item.run = item.run, []
+        text = "".join(t.token for word in run for t in word.tokens).strip()
+        start, end = turns.start_ms / 1000 + run[0].start, turns.start_ms / 1000 + run[-1].end
+        fields = {
+            "id": new_id("seg"),
+            "speaker": run[0].speaker,
+            "start": round(start, 3),
+            "end": round(end, 3),
+        }
+        self._transcription("segment", item.id, text=text, **fields)
 
     @staticmethod
     def _logprobs(words: list[TimedWord] | None) -> dict:

@@ -31,6 +31,7 @@ class SessionUpdate(WireObject):
     task: Code | None = None  # voxrt's extension: "transcribe" or "translate"
     prompt: Prompt | None = None  # text said before: names, terms, spelling
     word_timestamps: bool | None = None  # voxrt's extension: deltas and done carry their words, timed
+    diarize: bool | None = None  # voxrt's extension: their words, timed, each with its speaker
 
 
 class AudioAppend(WireObject):
@@ -53,15 +54,15 @@ def _dump(event: dict) -> str:
 
 
 def words_field(words: list[TimedWord] | None) -> dict:
-    """`words` for a client that asked for word timestamps; nothing for one that did not."""
+    """`words` for a client that asked for word timestamps or speakers; nothing for one that did not."""
     if words is None:
         return {}
-    return {
-        "words": [
-            {"word": w.text, "start": w.start, "end": w.end, "probability": round(w.probability, 4)}
-            for w in words
-        ]
-    }
+    return {"words": [_word(w) for w in words]}
+
+
+def _word(w: TimedWord) -> dict:
+    speaker = {} if w.speaker is None else {"speaker": w.speaker}
+    return {"word": w.text, "start": w.start, "end": w.end, "probability": round(w.probability, 4), **speaker}
 
 
 def transcription_delta(text: str, words: list[TimedWord] | None) -> str:
@@ -151,14 +152,15 @@ class VllmSession:
         check_model(self.connection.model, event.model, self.connection.log)
         if event.interim is not None:
             self.interim = event.interim
-        asked = (event.language, event.task, event.prompt, event.word_timestamps)
+        asked = (event.language, event.task, event.prompt, event.word_timestamps, event.diarize)
         if any(value is not None for value in asked):
             runner, before = self.connection.engine.runner, self.transcription
             language = event.language if event.language is not None else before.language
             prompt = event.prompt if event.prompt is not None else before.prompt
             word_times = before.word_times if event.word_timestamps is None else event.word_timestamps
+            speakers = before.speakers if event.diarize is None else event.diarize
             task = event.task or before.task
-            self.transcription = transcription(runner, language, task, prompt, word_times)
+            self.transcription = transcription(runner, language, task, prompt, word_times, speakers)
 
     def _running(self) -> str:
         if self.utterance is None:

@@ -100,7 +100,7 @@ class WhisperRunner:
             language=language,
             task=transcription.task,
             previous=previous,
-            word_times=transcription.word_times,
+            word_times=transcription.word_times or transcription.speakers,
         )
 
     def full_window_cost(self) -> float:

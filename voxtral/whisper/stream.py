@@ -43,7 +43,7 @@ class WhisperStream:
     language_guesses: list[torch.Tensor] = field(default_factory=list)
     task: str = "transcribe"
     previous: list[int] = field(default_factory=list)  # the client's prompt, as tokens before each window
-    word_times: bool = False  # the client asked for its committed words timed
+    word_times: bool = False  # its committed words come timed (asked for, or for their speakers)
     words_end: float = 0.0  # where the last timed word committed ends (seconds): the next start after it
 
 
