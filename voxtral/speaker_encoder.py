@@ -58,4 +58,4 @@ class SpeakerEncoder(nn.Module):
         packed = pack_padded_sequence(batch, lengths, batch_first=True, enforce_sorted=False)
         _, (hidden, _) = self.lstm(packed)
         raw = torch.relu(self.linear(hidden[-1]))
-        return list((raw / raw.norm(dim=1, keepdim=True)).numpy())
+        return list((raw / raw.norm(dim=1, keepdim=True).clamp_min(1e-12)).numpy())

@@ -128,6 +128,8 @@ class SpeakerStream:
         speaker if their mean is still far from every speaker (`NEW_SPEAKER`, `MARGIN`), else
         the nearest's; meanwhile they take the nearest. A short segment alone is too short to
         embed reliably; a run of them from one voice is not."""
+        if not np.isfinite(embedding).all() or np.linalg.norm(embedding) < 1e-6:
+            return  # a clip with nothing the encoder hears as a voice tells nothing
         own = None  # the speaker it started, still no other segment's
         if segment.counted:
             self.centroids[segment.speaker] -= segment.embedding
@@ -202,7 +204,8 @@ class SpeakerStream:
         """Each word with the speaker of the segment it was spoken in (or the nearest one)."""
         return [replace(word, speaker=self._label((word.start + word.end) / 2)) for word in words]
 
-    def _label(self, seconds: float) -> str | None:
+    def _label(self, seconds: float) -> str:
+        """Before any speech is embedded, a word is the first voice's."""
         at = round(seconds * SAMPLE_RATE)
         by_distance = sorted(
             self.segments, key=lambda s: max(s.start - at, at - s.start - s.length(self.heard), 0)
@@ -210,7 +213,7 @@ class SpeakerStream:
         for segment in by_distance:
             if segment.speaker is not None:
                 return f"S{segment.speaker + 1}"
-        return None
+        return "S1"
 
     def _forget(self, before: int) -> None:
         """Segments that ended before `before`: no word still to come was spoken in them."""
