@@ -7,6 +7,7 @@ words and says whose they are (SRT: `S1: ` before its text; WebVTT: a voice span
 formats are written by their libraries (`srt`, `webvtt-py`).
 """
 
+import itertools
 import json
 import textwrap
 from dataclasses import dataclass
@@ -99,12 +100,8 @@ def render(fmt: str, text: str, words: list[dict]) -> str:
 
 def _turns(words: list[dict]) -> list[Cue]:
     """Each run of one speaker's words, on one line."""
-    out: list[Cue] = []
-    for word in words:
-        if out and out[-1].speaker == word.get("speaker"):
-            last = out.pop()
-            word_text = f"{last.lines[0]} {word['word']}"
-            out.append(Cue(last.start, word["end"], [word_text], last.speaker))
-        else:
-            out.append(Cue(word["start"], word["end"], [word["word"]], word.get("speaker")))
-    return out
+    runs = [list(run) for _, run in itertools.groupby(words, key=lambda w: w.get("speaker"))]
+    return [
+        Cue(run[0]["start"], run[-1]["end"], [" ".join(w["word"] for w in run)], run[0].get("speaker"))
+        for run in runs
+    ]

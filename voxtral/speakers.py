@@ -134,7 +134,7 @@ class SpeakerStream:
         if segment.counted:
             self.centroids[segment.speaker] -= segment.embedding
             segment.counted = False
-            if cosine(embedding, self.centroids[segment.speaker]) == -1.0:
+            if np.linalg.norm(self.centroids[segment.speaker]) < 1e-6:
                 own = segment.speaker
         segment.embedding = embedding if segment.embedding is None else segment.embedding + embedding
         if len(self.centroids) == (own is not None):
@@ -207,13 +207,11 @@ class SpeakerStream:
     def _label(self, seconds: float) -> str:
         """Before any speech is embedded, a word is the first voice's."""
         at = round(seconds * SAMPLE_RATE)
-        by_distance = sorted(
-            self.segments, key=lambda s: max(s.start - at, at - s.start - s.length(self.heard), 0)
+        labelled = [s for s in self.segments if s.speaker is not None]
+        nearest = min(
+            labelled, key=lambda s: max(s.start - at, at - s.start - s.length(self.heard), 0), default=None
         )
-        for segment in by_distance:
-            if segment.speaker is not None:
-                return f"S{segment.speaker + 1}"
-        return "S1"
+        return "S1" if nearest is None else f"S{nearest.speaker + 1}"
 
     def _forget(self, before: int) -> None:
         """Segments that ended before `before`: no word still to come was spoken in them."""
