@@ -47,11 +47,14 @@ class StepDecoder:
         """A cache for `capacity` tokens per row; row i reads its first `lengths[i]` states (None: all)."""
         batch, frames, _ = encoder_states.shape
         device = encoder_states.device
-        cross = []
-        for layer in self.decoder.layers:
-            attention = layer.encoder_attn
-            keys = self._heads(attention.k_proj(encoder_states)).contiguous()
-            cross.append((keys, self._heads(attention.v_proj(encoder_states)).contiguous()))
+        windows = [encoder_states[row, :n] for row, n in enumerate(lengths or [frames] * batch)]
+        cross = [
+            (
+                self._project(layer.encoder_attn.k_proj, windows, frames),
+                self._project(layer.encoder_attn.v_proj, windows, frames),
+            )
+            for layer in self.decoder.layers
+        ]
         aligning = {layer: cross[layer][0][:, heads] for layer, heads in self.heads_by_layer.items()}
         cross_mask = None
         if lengths is not None and any(n != frames for n in lengths):
@@ -69,6 +72,14 @@ class StepDecoder:
         cache = self.start(encoder_states, lengths, input_ids.shape[1])
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         return self(cache, input_ids, positions, torch.zeros_like(input_ids, dtype=torch.bool))
+
+    def _project(self, linear: nn.Module, windows: list[torch.Tensor], frames: int) -> torch.Tensor:
+        """(batch, heads, frames, head_dim): each window's states projected alone, its padding
+        left zero. An int8 layer quantizes its input with one scale, which must be the window's."""
+        out = windows[0].new_zeros((len(windows), frames, linear.out_features))
+        for row, states in enumerate(windows):
+            out[row, : states.shape[0]] = linear(states)
+        return self._heads(out).contiguous()
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, tokens, width) -> (batch, heads, tokens, head_dim)."""

@@ -55,9 +55,10 @@ class WhisperModel:
     def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> None:
         """`int8` (CPU only): an English-only model's encoder gets int8 weights per output
         channel, activations quantized on the fly; its float32 products run near the CPU's
-        peak, and int8 is faster at the same offline WER (docs/models.md). The multilingual base
-        keeps a float32 encoder: int8 garbled its German streamed. The decoder's linear layers
-        and the vocabulary projection get float16 weights (`half_weights.py`): at a few rows
+        peak, and int8 is faster at the same offline WER (docs/models.md). So do the decoder's
+        projections of the encoder states. The multilingual base keeps them float32: int8
+        garbled its German streamed. The decoder's other linear layers and the vocabulary
+        projection get float16 weights (`half_weights.py`): at a few rows
         (decoding a token) float32 products are slow on a CPU."""
         try:
             self.model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
@@ -147,8 +148,13 @@ class WhisperModel:
         ):  # torch.ao's eager API is deprecated for torchao, which is not a dependency
             warnings.simplefilter("ignore")
             # The encoder encodes one window at a time: the activations' one scale is the window's.
+            # So do the decoder's projections of a window's states into cross-attention keys and
+            # values (`StepDecoder.start`), its largest products.
             if not self.multilingual:
                 quantize_dynamic(self.model.model.encoder, config, inplace=True)
+                cross = {"k_proj": per_channel_dynamic_qconfig, "v_proj": per_channel_dynamic_qconfig}
+                for layer in self.model.model.decoder.layers:
+                    quantize_dynamic(layer.encoder_attn, cross, inplace=True)
         # The decoder works on a batch of sessions, a token at a time: float16 weights, rows
         # computed on their own (`half_weights.py`). proj_out shares its weight with the token
         # embedding; only the projection gets them. Without the kernel, float32 stays.
