@@ -89,7 +89,7 @@ class WhisperPolicy:
     language_sure: float = 0.7  # a guess this likely decides the language
     max_detect_seconds: float = 6.0  # after this much speech the likeliest language is taken
     max_window_seconds: float = 24.0  # past this, commit what is there and move on
-    trim_after_seconds: float = 12.0  # committed segments stay in a window shorter than this
+    trim_after_seconds: float = 8.0  # committed segments stay in a window shorter than this
     trim_keep_seconds: float = 4.0  # a trim leaves at least this much, the next words' context
     stall_seconds: float = 1.0  # text ending this much before the audio: trim past it
     holdback_seconds: float = 0.6  # words heard in the window's last this-much wait
@@ -97,7 +97,7 @@ class WhisperPolicy:
     lead_in_seconds: float = 0.5  # kept before a turn's start: the VAD reports starts late
     endpoint_tail_seconds: float = 0.3  # audio after a turn's end decoded with it
     context_silence_seconds: float = 3.0  # a longer silence ends a window's use as context
-    min_encoder_seconds: float = 10.0  # shorter windows are padded to this
+    min_encoder_seconds: float = 8.0  # shorter windows are padded to this
     encoder_bucket_seconds: float = 1.0  # encoder lengths are rounded up to this
     no_speech_prob: float = 0.6  # with `logprob_floor`: Whisper's test for a window without speech
     logprob_floor: float = -1.0
@@ -106,7 +106,7 @@ class WhisperPolicy:
     tokens_per_second: float = 6.0  # a decode's budget: this many tokens per second of window
     # Admission's prior (`WhisperRunner.full_window_cost`): a full window's decode reads about
     # this many tokens in one pass and generates about this many.
-    full_window_read_tokens: int = 40
+    full_window_read_tokens: int = 30
     full_window_generated_tokens: int = 10
 
     def encoder_frames(self, window: int, per_second: int, most: int) -> int:
