@@ -97,7 +97,7 @@ class WhisperPolicy:
     lead_in_seconds: float = 0.5  # kept before a turn's start: the VAD reports starts late
     endpoint_tail_seconds: float = 0.3  # audio after a turn's end decoded with it
     context_silence_seconds: float = 3.0  # a longer silence ends a window's use as context
-    min_encoder_seconds: float = 8.0  # shorter windows are padded to this
+    min_encoder_seconds: float = 10.0  # shorter windows are padded to this
     encoder_bucket_seconds: float = 1.0  # encoder lengths are rounded up to this
     no_speech_prob: float = 0.6  # with `logprob_floor`: Whisper's test for a window without speech
     logprob_floor: float = -1.0
