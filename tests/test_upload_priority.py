@@ -52,7 +52,7 @@ def test_an_upload_decodes_beside_live_speech_a_window_at_a_time(whisper_runner,
     events = listen(engine)
     decodes: list[tuple[str, list[int]]] = []  # (thread, priorities) of each lane's batch
     at_once, most_at_once, lock = 0, 0, threading.Lock()
-    decode_lane = whisper_runner._decode_lane
+    decode_lane = whisper_runner.decoder.decode_lane
 
     def recorded(windows):
         nonlocal at_once, most_at_once
@@ -67,7 +67,7 @@ def test_an_upload_decodes_beside_live_speech_a_window_at_a_time(whisper_runner,
             with lock:
                 at_once -= uploads
 
-    monkeypatch.setattr(whisper_runner, "_decode_lane", recorded)
+    monkeypatch.setattr(whisper_runner.decoder, "decode_lane", recorded)
     engine.add_utterance("upload", priority=1)
     engine.add_utterance("live")
     # The upload a second at a time, as the server hands it over, with the live speech's

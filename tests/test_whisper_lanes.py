@@ -22,13 +22,13 @@ def test_two_lanes_say_what_one_batch_of_the_same_windows_says(whisper_model):
     lanes = WhisperRunner(whisper_model, lanes=2)
     assert lanes.policy.max_windows_per_step == 1  # a window per lane and step
     threads: set[str] = set()
-    decode_lane = lanes._decode_lane
+    decode_lane = lanes.decoder.decode_lane
 
     def recorded(windows):
         threads.add(threading.current_thread().name)
         return decode_lane(windows)
 
-    lanes._decode_lane = recorded
+    lanes.decoder.decode_lane = recorded
     batched = WhisperRunner(whisper_model, WhisperPolicy(max_windows_per_step=2))
     by_lanes = stream_through_engine(Engine(lanes), audios)
     by_batch = stream_through_engine(Engine(batched), audios)
