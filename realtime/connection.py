@@ -7,13 +7,11 @@ into calls here and engine events into server events; this class owns what both 
 import asyncio
 import contextlib
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import structlog
-from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime.config import ServedModel
@@ -22,13 +20,11 @@ from realtime.events import Delta, Done, EngineEvent, Failed
 from realtime.limits import ConnectionLimits, EventRate
 from realtime.metrics import Metrics
 from realtime.protocols.common import ProtocolError
+from realtime.reader import MessageReader
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import Transcription
 from voxtral.vad import VadConfig
 
-# What a connection whose reads wait for the engine still reads on, looking for the client's
-# disconnect behind the messages its last read brought.
-READ_AHEAD_BYTES = 1 << 20
 RECV_WAITED_SECONDS = 0.01  # a read that took this long found no event already waiting
 CLOSE_SECONDS = 2.0  # how long a close waits for the queued events and the peer's close frame
 
@@ -97,9 +93,7 @@ class Connection:
         self.num_errors = 0
         self.closing: asyncio.Future | None = None
         self.sender: asyncio.Task | None = None
-        self.incoming: asyncio.Future | None = None  # a read asked for, not yet answered
-        self.ahead: deque[Message] = deque()  # messages read, not yet handled
-        self.ahead_bytes = 0
+        self.reader = MessageReader(websocket)
         self.close_code: int | None = None  # sent or received
 
     async def run(self, wire: WireSession) -> None:
@@ -112,7 +106,7 @@ class Connection:
                 try:
                     asked_at = time.monotonic()
                     async with asyncio.timeout(self.limits.idle_seconds):
-                        message = await self._receive()
+                        message = await self.reader.receive()
                     if time.monotonic() - asked_at > RECV_WAITED_SECONDS:
                         self.read_all_at = asked_at
                 except TimeoutError:
@@ -121,6 +115,7 @@ class Connection:
                         await self.close(1000, "idle_timeout", f"no event for {seconds} s")
                     continue
                 if message is None:
+                    self.close_code = self.close_code or self.reader.disconnect_code
                     break
                 # recv() returns without suspending while frames are buffered: yield once per
                 # event, or a flooding client holds the event loop for hundreds of events.
@@ -147,8 +142,7 @@ class Connection:
         finally:
             self.abort_all()
             self.sender.cancel()
-            if self.incoming is not None:
-                self.incoming.cancel()
+            self.reader.stop()
             self.log.info(
                 "connection.close",
                 seconds=round(time.monotonic() - self.started_at, 3),
@@ -158,30 +152,6 @@ class Connection:
                 errors=self.num_errors,
                 close_code=self.close_code,
             )
-
-    async def _receive(self) -> str | bytes | None:
-        """The client's next message, or None once it is gone."""
-        if not self.ahead:
-            await self._read()
-        message = self.ahead.popleft()
-        self.ahead_bytes -= _size(message)
-        if message["type"] == "websocket.disconnect":
-            self.close_code = self.close_code or message.get("code")
-            return None
-        return message["text"] if message.get("text") is not None else message["bytes"]
-
-    async def _read(self) -> None:
-        """One more message into `ahead`. A timeout leaves the read asked for: the next call
-        takes its message."""
-        if self.incoming is None:
-            self.incoming = asyncio.ensure_future(self.websocket.receive())
-        message = await asyncio.shield(self.incoming)
-        self.incoming = None
-        self.ahead.append(message)
-        self.ahead_bytes += _size(message)
-
-    def _gone(self) -> bool:
-        return bool(self.ahead) and self.ahead[-1]["type"] == "websocket.disconnect"
 
     @property
     def finishing(self) -> bool:
@@ -239,13 +209,13 @@ class Connection:
         while (
             self.utterances
             and self.closing is None
-            and not self._gone()
+            and not self.reader.gone()
             and self._unconsumed_samples() > limit
         ):
-            if self.ahead_bytes < READ_AHEAD_BYTES:
+            if self.reader.may_read_ahead():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(0.05):
-                        await self._read()
+                        await self.reader.read()
             else:
                 await asyncio.sleep(0.05)
 
@@ -369,7 +339,3 @@ class Connection:
         self.metrics.utterances_active.dec()
         if not self.utterances:
             self.idle.set()
-
-
-def _size(message: Message) -> int:
-    return len(message.get("text") or message.get("bytes") or "")

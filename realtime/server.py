@@ -7,16 +7,13 @@ import contextlib
 import hmac
 import json
 import signal
-import socket
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from http import HTTPStatus
 from pathlib import Path
 from typing import Protocol
 
 import structlog
-import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection, Request
@@ -36,19 +33,13 @@ from realtime.protocols import openai_wire
 from realtime.protocols import vllm as protocol
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.vllm import VllmSession
+from realtime.sockets import QuietUvicorn, listening_socket, uvicorn_server
 from realtime.uploads import UploadRefused, Uploads
 
 log = structlog.get_logger("voxrt.server")
 
 REALTIME_PATH = "/v1/realtime"
 PAGE = Path(__file__).parent / "static" / "index.html"  # a page to try voxrt in a browser, at `/`
-# What the kernel buffers per connection before a client's sends block: small, so that a
-# client uploading faster than the engine consumes waits in its own send call, and a
-# keepalive pong does not queue behind minutes of audio (Linux lets it grow to 32 MiB).
-RECEIVE_BUFFER_BYTES = 256 << 10
-# How long the kernel keeps a connection whose peer takes none of what is sent: a client
-# that stopped reading, or a close frame it never reads, ends here (ASGI cannot abort a socket).
-UNACKNOWLEDGED_SECONDS = 30
 # Browsers cannot set headers on a WebSocket: OpenAI's browser clients send the key as a subprotocol.
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 ENGINE_CHECK_SECONDS = 1.0
@@ -60,15 +51,6 @@ class Listener(Protocol):
     """Where an utterance's engine events go: a WebSocket connection, or an upload."""
 
     def on_engine_event(self, utterance_id: str, event: EngineEvent) -> None: ...
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its signal handlers: a signal starts the drain here, which ends the
-    sessions before uvicorn closes their sockets."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class RealtimeServer:
@@ -89,7 +71,7 @@ class RealtimeServer:
             engine, self.metrics, model, self.routes, config.max_uploads, RETRY_AFTER_SECONDS
         )
         self.draining = False
-        self.uvicorn: _Uvicorn | None = None
+        self.uvicorn: QuietUvicorn | None = None
         self.serving: asyncio.Task | None = None
         self.watcher: asyncio.Task | None = None
         self.trimmer: asyncio.Task | None = None
@@ -271,29 +253,9 @@ class RealtimeServer:
         loop = asyncio.get_running_loop()
         self.engine.on_events = lambda events: loop.call_soon_threadsafe(self._route, events)
         self.engine.start()
-        sock = _listening_socket(self.config.host, self.config.port)
+        sock = listening_socket(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
-        self.uvicorn = _Uvicorn(
-            uvicorn.Config(
-                self.app,
-                http="h11",
-                ws="websockets-sansio",
-                ws_max_size=self.config.max_frame_bytes,
-                # Pings keep idle balancers and NATs from dropping the connection. No pong
-                # deadline: a client uploading faster than real time has its pong queued
-                # behind audio the server deliberately does not read yet; a vanished peer
-                # sends no events and is closed by the idle timeout instead.
-                ws_ping_interval=20,
-                ws_ping_timeout=None,
-                lifespan="off",
-                # The client's address is read behind --trusted-proxies only (realtime/limits.py).
-                proxy_headers=False,
-                server_header=False,
-                log_config=None,
-                access_log=False,
-                timeout_graceful_shutdown=int(CLOSE_SECONDS) + 1,
-            )
-        )
+        self.uvicorn = uvicorn_server(self.app, self.config.max_frame_bytes, CLOSE_SECONDS)
         self.serving = asyncio.create_task(self.uvicorn.serve(sockets=[sock]))
         while not self.uvicorn.started:
             if self.serving.done():
@@ -369,15 +331,3 @@ def _wants_openai(request: HTTPConnection) -> bool:
 
 def _subprotocols(headers: Headers) -> list[str]:
     return [p.strip() for value in headers.getlist("Sec-WebSocket-Protocol") for p in value.split(",")]
-
-
-def _listening_socket(host: str, port: int) -> socket.socket:
-    """Accepted connections inherit the listening socket's options: set them before listen."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKNOWLEDGED_SECONDS * 1000)
-    sock.bind((host, port))
-    sock.listen(512)
-    sock.setblocking(False)
-    return sock
