@@ -109,7 +109,7 @@ def run_whisper_good_and_bad(engine, samples, bad_vad=None) -> dict:
 def test_a_whisper_window_that_fails_alone_fails_its_utterance_alone(whisper_runner, welcome, monkeypatch):
     engine = Engine(whisper_runner)
     encode = faulty(lambda window: window.request.request_id == "bad")
-    monkeypatch.setattr(whisper_runner, "_encode", encode(whisper_runner._encode))
+    monkeypatch.setattr(whisper_runner.decoder, "_encode", encode(whisper_runner.decoder._encode))
     run_whisper_good_and_bad(engine, welcome[0])
 
 
