@@ -46,7 +46,6 @@ class WhisperRunner:
         """Runners may share a model; each engine needs its own runner (its store follows its cache).
         `lanes`: windows decoded at once (`WindowDecoder`)."""
         self.model = model
-        self.lanes = lanes
         self.policy = policy or WhisperPolicy()
         self.decoder = WindowDecoder(model, self.policy, lanes)
         # Uploads (`Request.priority` > 0) decode on a thread of their own, a window at a time,
@@ -64,6 +63,10 @@ class WhisperRunner:
         self.words = {
             spaced: TokenWords(model.tokenizer, model.timestamp_begin, spaced) for spaced in (True, False)
         }
+
+    @property
+    def lanes(self) -> int:
+        return self.decoder.lanes
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig:
         # Every utterance keeps its whole window referenced: size the cache for all of them.
