@@ -44,8 +44,8 @@ from benchmarks.served import cpu_seconds
 from benchmarks.speech import tiny_en_models
 from benchmarks.streaming_wer import streamed_events
 from benchmarks.whisper_streaming import percentile
-from realtime.engine import Engine
-from realtime.events import Delta, Done
+from realtime.engine.events import Delta, Done
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from tests.server_harness import ServerProcess
 from voxtral.audio import SAMPLE_RATE

@@ -19,6 +19,7 @@ import multiprocessing
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +27,9 @@ import torch
 from transformers import AutoProcessor, VoxtralRealtimeForConditionalGeneration
 
 from clients.audio import load_audio_file
-from realtime.config import EngineConfig
-from realtime.engine import Engine
-from realtime.events import Done
+from realtime.engine.config import EngineConfig
+from realtime.engine.events import Done
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from tests.engine_events import listen
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec, build_tiny_voxtral
@@ -49,7 +50,7 @@ def speech(seconds: float) -> np.ndarray:
 
 def run_engine(path: Path, audio: np.ndarray, sessions: int, device: str, in_flight: int) -> dict:
     loaded = load_model(str(path), device, "float32", max_sessions=sessions)
-    loaded.runner.max_steps_in_flight = in_flight
+    loaded.runner.spec = replace(loaded.runner.spec, max_steps_in_flight=in_flight)
     engine = Engine(loaded.runner, EngineConfig(max_sessions=sessions))
     events = listen(engine, {f"s{i}": [] for i in range(sessions)})
     # Timed from the first audio handed over, as the baseline is: features, prompt and all.

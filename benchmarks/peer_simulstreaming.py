@@ -32,8 +32,8 @@ from benchmarks.speech import Passage, tiny_en_models
 from benchmarks.streaming_wer import streamed_events
 from benchmarks.text import mean_wer, whisper_wer
 from benchmarks.whisper_streaming import offline_texts, percentile, snapshots, speech_passages, word_latencies
-from realtime.engine import Engine
-from realtime.events import Delta
+from realtime.engine.events import Delta
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.model import WhisperModel

@@ -25,8 +25,8 @@ from benchmarks.real_speech import REFERENCES, recording
 from benchmarks.speech import passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
-from realtime.engine import Engine
-from realtime.events import Done, EngineEvent
+from realtime.engine.events import Done, EngineEvent
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import Transcription

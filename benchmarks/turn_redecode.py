@@ -21,8 +21,8 @@ from benchmarks.speech import tiny_en_models
 from benchmarks.streaming_wer import streamed_events
 from benchmarks.text import mean_wer, whisper_wer
 from benchmarks.whisper_streaming import offline_texts, speech_passages
-from realtime.engine import Engine
-from realtime.events import Done, SpeechStarted, SpeechStopped
+from realtime.engine.events import Done, SpeechStarted, SpeechStopped
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.model import WhisperModel

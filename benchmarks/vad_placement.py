@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from benchmarks.engine_throughput import SPEC, speech
-from realtime.config import EngineConfig
-from realtime.engine import Engine
+from realtime.engine.config import EngineConfig
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec, build_tiny_voxtral
 from voxtral.loading import LoadedModel, load_model
@@ -57,7 +57,7 @@ def mean_step_ms(loaded: LoadedModel, placement: str, sessions: int, steps: int,
         engine.vad.probabilities = skip_vad
     for s in range(sessions):
         engine.add_utterance(f"s{s}")
-    per = loaded.runner.samples_per_position
+    per = loaded.runner.spec.samples_per_position
     times = []
     for step in range(steps):
         started = time.perf_counter()

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from realtime.engine import Engine
-from realtime.events import Done, Failed
+from realtime.engine.events import Done, Failed
+from realtime.engine.loop import Engine
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec, build_tiny_voxtral
 from tests.voxtral_harness import pcm16_grid, voxtral_engine, wait_for_release
 
@@ -54,9 +54,9 @@ def run_long_session(engine: Engine, num_items: int) -> LongSession:
     """Feed one utterance until its timeline holds `num_items` items, staying FED_AHEAD
     items ahead of the engine as a fast client would; step the engine on this thread."""
     runner = engine.runner
-    spp = runner.samples_per_position
+    spp = runner.spec.samples_per_position
     # Lead-in silence, client audio and trailing silence fill the timeline exactly.
-    padding_items = (runner.leading_silence_samples + runner.trailing_silence_samples(0)) // spp
+    padding_items = (runner.spec.leading_silence_samples + runner.trailing_silence_samples(0)) // spp
     total = (num_items - padding_items) * spp
     seconds = pcm16_grid(np.random.default_rng(0).normal(0, 0.1, 10 * 16_000)).reshape(10, 16_000)
     events: list = []
@@ -68,7 +68,7 @@ def run_long_session(engine: Engine, num_items: int) -> LongSession:
     rss: list[float] = []
     sent, next_sample = 0, 0
     while not (events and isinstance(events[-1], Done | Failed)):
-        ahead = (runner.leading_silence_samples + sent) // spp - request.num_computed
+        ahead = (runner.spec.leading_silence_samples + sent) // spp - request.num_computed
         if sent < total and ahead < FED_AHEAD:
             piece = seconds[(sent // 16_000) % 10][: total - sent]
             engine.add_audio("long", piece)
@@ -98,7 +98,7 @@ def check_long_session(engine: Engine, num_items: int) -> LongSession:
     assert session.num_items == num_items
     # Referenced encoder rows: one position per step, for each step in flight and the one
     # being scheduled; never the session's length.
-    assert session.referenced_after_prompt <= runner.max_steps_in_flight + 1
+    assert session.referenced_after_prompt <= runner.spec.max_steps_in_flight + 1
     assert session.store <= 2 * runner.model.num_prompt
     # The timeline keeps only what is not yet released: about the items fed ahead.
     assert session.items_held <= 2 * FED_AHEAD + 10

@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.engine_throughput import isolated, setup, speech
 from benchmarks.voxtral_real_size import build
-from realtime.engine import Engine
+from realtime.engine.loop import Engine
 from tests.voxtral_harness import Feed, drive, pieces, shift_positions, voxtral_engine
 
 

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from benchmarks.engine_throughput import isolated, speech
-from realtime.config import EngineConfig
-from realtime.engine import Engine
+from realtime.engine.config import EngineConfig
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from tests.fixtures.tiny_voxtral import REAL_SIZE, build_tiny_voxtral
 from tests.voxtral_harness import Feed, choice_gaps, drive, pieces, reference_tokens, teacher_forced_logits

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.speech import passage, tiny_en_models
-from realtime.engine import Engine
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.runner import WhisperRunner

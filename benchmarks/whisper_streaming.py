@@ -42,9 +42,10 @@ from benchmarks.real_speech import real_passages
 from benchmarks.speech import Passage, passage
 from benchmarks.text import mean_wer, normalize_words, whisper_wer, word_error_rate
 from clients.connection import Utterance
-from realtime.capacity import CapacityConfig
-from realtime.config import EngineConfig, ServedModel, ServerConfig
-from realtime.engine import Engine
+from realtime.config import ServedModel, ServerConfig
+from realtime.engine.capacity import CapacityConfig
+from realtime.engine.config import EngineConfig
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from realtime.server import RealtimeServer
 from voxtral.audio import SAMPLE_RATE
@@ -150,7 +151,7 @@ async def run_voxrt(
     unlimited = CapacityConfig(target_busy=100, max_lag_seconds=3600)
     engine = Engine(WhisperRunner(model, policy), EngineConfig(max_sessions=n, capacity=unlimited))
     served = ServedModel(name="whisper-tiny.en", names=frozenset({"whisper"}))
-    server = RealtimeServer(engine, ServerConfig(port=0, max_sessions=n), served)
+    server = RealtimeServer(engine, ServerConfig(port=0), served)
     await server.start()
     url = f"ws://127.0.0.1:{server.port}/v1/realtime"
     started = time.monotonic()

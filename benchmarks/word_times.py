@@ -34,7 +34,7 @@ from benchmarks.speech import SENTENCES, synthesize, tiny_en_models
 from benchmarks.streaming_wer import streamed
 from benchmarks.text import normalize_words
 from benchmarks.whisper_streaming import offline_texts
-from realtime.engine import Engine
+from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import TimedWord, Transcription

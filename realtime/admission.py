@@ -7,7 +7,7 @@ import time
 import structlog
 
 from realtime.connection import Connection
-from realtime.engine import Engine
+from realtime.engine.loop import Engine
 from realtime.metrics import Metrics
 
 log = structlog.get_logger("voxrt.admission")
@@ -17,9 +17,9 @@ SHED_MESSAGE = "the server fell behind real time; the newest sessions are shed f
 
 
 class Admission:
-    def __init__(self, engine: Engine, metrics: Metrics, connections: set[Connection], max_sessions: int):
+    def __init__(self, engine: Engine, metrics: Metrics, connections: set[Connection]):
         self.engine, self.metrics, self.connections = engine, metrics, connections
-        self.max_sessions = max_sessions
+        self.max_sessions = engine.config.max_sessions
         self.max_lag_seconds = engine.config.capacity.max_lag_seconds
         # Upgrades admitted and not yet accepted: they hold a seat already.
         self.admitting: set[object] = set()

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import structlog
 
-from realtime.capacity import CapacityConfig
-from realtime.config import ConfigError, EngineConfig, ServedModel, ServerConfig
+from realtime.config import ConfigError, ServedModel, ServerConfig
+from realtime.engine.capacity import CapacityConfig
+from realtime.engine.config import EngineConfig
 from realtime.limits import ConnectionLimits
 from realtime.logs import configure_logging
 from realtime.settings import ModelSettings, add_settings, from_args
@@ -32,7 +33,7 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def build_server(args: argparse.Namespace):
 
-    from realtime.engine import Engine
+    from realtime.engine.loop import Engine
     from realtime.server import RealtimeServer
     from voxtral.loading import load_model
 
@@ -48,7 +49,7 @@ def build_server(args: argparse.Namespace):
         loaded.runner, from_args(EngineConfig, args, max_sessions=loaded.max_sessions, capacity=capacity)
     )
     limits = from_args(ConnectionLimits, args)
-    server_config = from_args(ServerConfig, args, max_sessions=loaded.max_sessions, limits=limits)
+    server_config = from_args(ServerConfig, args, limits=limits)
     model = from_args(ServedModel, args, name=loaded.label, names=frozenset(loaded.names))
     return RealtimeServer(engine, server_config, model)
 

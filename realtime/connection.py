@@ -8,21 +8,25 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import structlog
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime.config import ServedModel
-from realtime.engine import Engine
-from realtime.events import Delta, Done, EngineEvent, Failed
+from realtime.engine.events import Delta, Done, EngineEvent, Failed
+from realtime.engine.loop import Engine
 from realtime.limits import ConnectionLimits, EventRate
 from realtime.metrics import Metrics
+from realtime.progress import EngineProgress
 from realtime.protocols.common import ProtocolError
+from realtime.protocols.openai import OpenAISession
+from realtime.protocols.openai_wire import is_openai_event
+from realtime.protocols.port import WireSession
+from realtime.protocols.vllm import VllmSession
 from realtime.reader import MessageReader
 from voxtral.audio import SAMPLE_RATE
-from voxtral.runner import Transcription
+from voxtral.runner import ModelSpec, Transcription
 from voxtral.vad import VadConfig
 
 RECV_WAITED_SECONDS = 0.01  # a read that took this long found no event already waiting
@@ -39,20 +43,6 @@ class LiveUtterance:
     delta_sent: bool = False  # its first delta went out
 
 
-class WireSession(Protocol):
-    def opened(self) -> None:
-        """Send the protocol's greeting."""
-
-    def handle(self, message: str | bytes) -> None:
-        """One client event."""
-
-    def on_event(self, utterance_id: str, event: EngineEvent) -> None:
-        """One engine event of an utterance this session started."""
-
-    def error_event(self, code: str, message: str) -> str:
-        """An error event in the protocol's shape, for errors the connection raises."""
-
-
 class Connection:
     """What one client can hold is bounded: server events go through a bounded outbox (a
     client that stops reading is closed with `slow_consumer`); audio the engine has not
@@ -67,15 +57,13 @@ class Connection:
         limits: ConnectionLimits,
         model: ServedModel,
         routes: dict[str, "Connection"],
+        progress: EngineProgress,
         connection_id: str,
     ) -> None:
-        """`routes`: the server's table of which connection each utterance's events go to."""
-        self.websocket = websocket
-        self.engine = engine
-        self.metrics = metrics
-        self.limits = limits
-        self.model = model
-        self.routes = routes
+        """`routes`: the server's table of which connection each utterance's events go to;
+        `progress`: woken as the engine consumes audio."""
+        self.websocket, self.engine, self.metrics, self.limits = websocket, engine, metrics, limits
+        self.model, self.routes, self.progress = model, routes, progress
         self.connection_id = connection_id
         self.log = structlog.get_logger("voxrt.connection").bind(connection_id=connection_id)
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue(maxsize=limits.outbox_events)
@@ -85,6 +73,7 @@ class Connection:
         self.read_all_at = time.monotonic()  # when a read last found nothing waiting in TCP
         self.rate = EventRate(limits.max_events_per_second)
         self.num_utterances = 0
+        self.num_events = 0  # client events handled
         self.idle = asyncio.Event()  # no utterance in the engine
         self.idle.set()
         self.started_at = time.monotonic()
@@ -96,8 +85,9 @@ class Connection:
         self.reader = MessageReader(websocket)
         self.close_code: int | None = None  # sent or received
 
-    async def run(self, wire: WireSession) -> None:
-        self.wire = wire  # a vLLM session may hand over to an OpenAI one on the first event
+    async def run(self, openai_url: bool) -> None:
+        """Serve the client until either side closes, in the protocol its URL chose (or its first event)."""
+        wire = self.wire = OpenAISession(self) if openai_url else VllmSession(self)
         self.sender = asyncio.create_task(self._send_loop())
         wire.opened()
         self.log.info("connection.open", remote=str(self.websocket.client), protocol=type(wire).__name__)
@@ -124,7 +114,7 @@ class Connection:
                     break
                 if self.rate.allow():
                     try:
-                        self.wire.handle(message)
+                        self._handle(message)
                     except Exception:  # a fault of ours: this connection ends with a reason
                         self.log.exception("connection.event_failed")
                         await self.close(1011, "internal_error", "the server failed this connection's event")
@@ -152,6 +142,18 @@ class Connection:
                 errors=self.num_errors,
                 close_code=self.close_code,
             )
+
+    def _handle(self, message: str | bytes) -> None:
+        if not self.num_events and isinstance(self.wire, VllmSession) and is_openai_event(message):
+            # An OpenAI client on a URL that did not say so: its first event picks the protocol.
+            self.wire = OpenAISession(self)
+        self.num_events += 1
+        self.wire.handle(message)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The served model's facts: what a session may ask of it."""
+        return self.engine.runner.spec
 
     @property
     def finishing(self) -> bool:
@@ -204,7 +206,7 @@ class Connection:
     async def _backpressure(self) -> None:
         """Read no further while the engine has more than `max_buffered_seconds` of this
         connection's audio to consume: the client's sends then wait on TCP. A client
-        that disconnects meanwhile ends the wait."""
+        that disconnects meanwhile, or a close, ends the wait."""
         limit = self.limits.max_buffered_seconds * SAMPLE_RATE
         while (
             self.utterances
@@ -212,12 +214,14 @@ class Connection:
             and not self.reader.gone()
             and self._unconsumed_samples() > limit
         ):
+            waits = [asyncio.ensure_future(self.progress.wait())]
             if self.reader.may_read_ahead():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.05):
-                        await self.reader.read()
-            else:
-                await asyncio.sleep(0.05)
+                waits.append(asyncio.ensure_future(self.reader.read()))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()  # a read left waiting is taken by the next (`MessageReader.read`)
 
     def _unconsumed_samples(self) -> int:
         consumed = self.engine.stats().consumed_samples
@@ -316,6 +320,7 @@ class Connection:
         if utterance in self.utterances:
             self.engine.abort(utterance)
             self._ended(utterance)
+            self.progress.wake()  # a wait for the engine to consume its audio is over
 
     def on_engine_event(self, utterance: str, event: EngineEvent) -> None:
         live = self.utterances.get(utterance)

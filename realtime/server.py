@@ -25,14 +25,13 @@ from realtime import heap
 from realtime.admission import Admission
 from realtime.config import ConfigError, ServedModel, ServerConfig
 from realtime.connection import CLOSE_SECONDS, Connection
-from realtime.engine import Engine
-from realtime.events import EngineEvent
+from realtime.engine.events import EngineEvent
+from realtime.engine.loop import Engine
 from realtime.limits import client_address
 from realtime.metrics import Metrics
+from realtime.progress import EngineProgress
 from realtime.protocols import openai_wire
 from realtime.protocols import vllm as protocol
-from realtime.protocols.openai import OpenAISession
-from realtime.protocols.vllm import VllmSession
 from realtime.sockets import QuietUvicorn, listening_socket, uvicorn_server
 from realtime.uploads import UploadRefused, Uploads
 
@@ -66,9 +65,10 @@ class RealtimeServer:
         self.connections_by_address: Counter[str] = Counter()
         self.connections: set[Connection] = set()
         self.routes: dict[str, Listener] = {}  # utterance id -> the connection or upload it is for
-        self.admission = Admission(engine, self.metrics, self.connections, config.max_sessions)
+        self.progress = EngineProgress()
+        self.admission = Admission(engine, self.metrics, self.connections)
         self.uploads = Uploads(
-            engine, self.metrics, model, self.routes, config.max_uploads, RETRY_AFTER_SECONDS
+            engine, self.metrics, model, self.routes, self.progress, config.max_uploads, RETRY_AFTER_SECONDS
         )
         self.draining = False
         self.uvicorn: QuietUvicorn | None = None
@@ -133,7 +133,7 @@ class RealtimeServer:
             "model": self.model.name,
             "connections": len(self.connections),
             "capacity": fit,
-            "max_sessions": self.config.max_sessions,
+            "max_sessions": self.engine.config.max_sessions,
             "busy_share": round(stats.busy_share, 3),
             "session_step_seconds": round(stats.session_step_seconds, 3),
             "lag_seconds": round(self.admission.lag_seconds, 3),
@@ -205,7 +205,8 @@ class RealtimeServer:
         return None
 
     def _route(self, events: list[tuple[str, EngineEvent]]) -> None:
-        """A step's events to the connections whose utterances they are (none: ended meanwhile)."""
+        """A step's events to the connections whose utterances they are (none: ended meanwhile);
+        then what waits for the engine to consume audio looks again."""
         for utterance_id, event in events:
             if (connection := self.routes.get(utterance_id)) is not None:
                 try:
@@ -214,6 +215,7 @@ class RealtimeServer:
                     log.exception(
                         "server.event_failed", utterance=utterance_id, engine_event=type(event).__name__
                     )
+        self.progress.wake()
 
     def _address(self, request: HTTPConnection) -> str:
         peer = request.client.host if request.client else ""
@@ -232,15 +234,21 @@ class RealtimeServer:
             self.admission.seated(websocket)
         connection_id = f"sess-{uuid.uuid4().hex}"
         connection = Connection(
-            websocket, self.engine, self.metrics, self.config.limits, self.model, self.routes, connection_id
+            websocket,
+            self.engine,
+            self.metrics,
+            self.config.limits,
+            self.model,
+            self.routes,
+            self.progress,
+            connection_id,
         )
         address = self._address(websocket)
         self.connections_by_address[address] += 1
         self.connections.add(connection)
         self.metrics.connections_active.inc()
         try:
-            wire = OpenAISession(connection) if _wants_openai(websocket) else VllmSession(connection)
-            await connection.run(wire)
+            await connection.run(openai_url=_wants_openai(websocket))
         finally:
             self.connections.discard(connection)
             self.connections_by_address[address] -= 1
@@ -268,7 +276,7 @@ class RealtimeServer:
             "server.listening",
             url=f"ws://{self.config.host}:{self.port}{REALTIME_PATH}",
             model=self.model.name,
-            device=str(self.engine.runner.device),
+            device=str(self.engine.runner.spec.device),
         )
 
     def accepting(self) -> bool:

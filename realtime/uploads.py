@@ -16,9 +16,10 @@ from transformers.models.whisper.tokenization_whisper import LANGUAGES  # code -
 
 from realtime.audio_file import AudioFileError, decode
 from realtime.config import ServedModel
-from realtime.engine import Engine
-from realtime.events import Delta, Done, EngineEvent, Failed, LanguageDetected
+from realtime.engine.events import Delta, Done, EngineEvent, Failed, LanguageDetected
+from realtime.engine.loop import Engine
 from realtime.metrics import Metrics
+from realtime.progress import EngineProgress
 from realtime.protocols import file_api
 from realtime.protocols.common import ProtocolError, check_model
 from realtime.protocols.file_api import FileRequest, Transcript
@@ -29,7 +30,6 @@ log = structlog.get_logger("voxrt.uploads")
 AHEAD_SECONDS = 30.0  # an upload's audio handed to the engine and not yet consumed
 UPLOAD_PRIORITY = 1  # after live speech (`Request.priority`)
 CHUNK_SECONDS = 1.0
-WAIT_SECONDS = 0.05  # how often a paused upload looks at what the engine consumed
 
 
 class UploadRefused(Exception):
@@ -60,11 +60,13 @@ class Uploads:
         metrics: Metrics,
         model: ServedModel,
         routes: dict,
+        progress: EngineProgress,
         max_uploads: int,
         retry_after_seconds: int,
     ) -> None:
         """`routes`: the server's table of where each utterance's events go."""
         self.engine, self.metrics, self.model, self.routes = engine, metrics, model, routes
+        self.progress = progress
         self.max_uploads = max_uploads
         self.retry_after_seconds = retry_after_seconds  # told to a client refused for now
         self.active = 0
@@ -137,7 +139,7 @@ class Uploads:
             form = await request.form(max_files=1, max_fields=32)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ProtocolError("invalid_request", f"the form cannot be read: {exc}") from None
-        asked = file_api.parse(form, task, self.engine.runner)
+        asked = file_api.parse(form, task, self.engine.runner.spec)
         check_model(self.model, asked.model, log)
         return asked
 
@@ -184,7 +186,7 @@ class Uploads:
         """The upload's deltas, then its transcript; its audio is fed meanwhile."""
         feeder = asyncio.create_task(self._feed(job.utterance_id, samples))
         # Named, or a one-language model's, or what the model detects (`LanguageDetected`).
-        served = self.engine.runner.languages or frozenset()
+        served = self.engine.runner.spec.languages or frozenset()
         language = asked.transcription.language or (next(iter(served)) if len(served) == 1 else "")
         try:
             while True:
@@ -208,6 +210,6 @@ class Uploads:
         chunk, ahead = round(CHUNK_SECONDS * SAMPLE_RATE), round(AHEAD_SECONDS * SAMPLE_RATE)
         for offset in range(0, len(samples), chunk):
             while offset - self.engine.stats().consumed_samples.get(utterance_id, 0) > ahead:
-                await asyncio.sleep(WAIT_SECONDS)
+                await self.progress.wait()
             self.engine.add_audio(utterance_id, samples[offset : offset + chunk])
         self.engine.finish_input(utterance_id)

@@ -2,7 +2,7 @@
 
 from collections import defaultdict
 
-from realtime.engine import Engine
+from realtime.engine.loop import Engine
 
 
 def listen(engine: Engine, lists: dict[str, list] | None = None) -> defaultdict[str, list]:

@@ -19,9 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import ClientConnection, connect
 
 from clients.audio import float32_to_pcm16
-from realtime.capacity import CapacityConfig
-from realtime.config import EngineConfig, ServedModel, ServerConfig
-from realtime.engine import Engine
+from realtime.config import ServedModel, ServerConfig
+from realtime.engine.capacity import CapacityConfig
+from realtime.engine.config import EngineConfig
+from realtime.engine.loop import Engine
 from realtime.server import RealtimeServer
 
 TINY_EN = ServedModel(name="whisper-tiny.en", names=frozenset({"whisper-tiny.en", "whisper"}))
@@ -34,13 +35,14 @@ class ServerThread:
         config: ServerConfig,
         engine_config: EngineConfig | None = None,
         model: ServedModel = TINY_EN,
+        max_sessions: int = 64,
     ):
         config.port = 0
         # Measured capacity would refuse the many idle connections these tests open on
         # 2 cores, and shedding would end their deliberately overloaded sessions: here only
         # --max-sessions caps them (tests/test_capacity.py tests admission and shedding).
         unmeasured = EngineConfig(
-            max_sessions=config.max_sessions, capacity=CapacityConfig(target_busy=100, max_lag_seconds=3600)
+            max_sessions=max_sessions, capacity=CapacityConfig(target_busy=100, max_lag_seconds=3600)
         )
         self.engine = Engine(runner, engine_config or unmeasured)
         self.server = RealtimeServer(self.engine, config, model)

@@ -37,7 +37,7 @@ def test_page_transcribes_the_microphone(whisper_model, tmp_path):
     espeak(SPOKEN, tmp_path / "raw.wav")
     # The fake microphone plays the file once; the silence after it lets the last words end.
     subprocess.run(["sox", str(tmp_path / "raw.wav"), str(speech), "pad", "1", "4"], check=True)
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4, api_key="sk-page"))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(api_key="sk-page"), max_sessions=4)
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(
@@ -85,7 +85,7 @@ def test_page_transcribes_the_microphone(whisper_model, tmp_path):
 def test_a_dropped_file_is_transcribed_and_its_captions_download(whisper_model, welcome):
     _, text = welcome
     wav = (SAMPLES / "welcome.wav").read_bytes()
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4, api_key="sk-page"))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(api_key="sk-page"), max_sessions=4)
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=chromium())
@@ -125,7 +125,7 @@ def test_who_spoke_colours_each_speakers_words_and_names_them_in_the_captions(wh
     talk = conversation("page", synthetic_voices(tmp_path), 2, 4, seed=3)
     speech = tmp_path / "talk.wav"
     soundfile.write(speech, np.concatenate([talk.audio, np.zeros(3 * SAMPLE_RATE, np.float32)]), SAMPLE_RATE)
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), max_sessions=4)
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from realtime.capacity import Capacity, CapacityConfig
+from realtime.engine.capacity import Capacity, CapacityConfig
 from tests.conftest import ROOT
 
 FULL = 12.0  # seconds of a full window
@@ -73,6 +73,8 @@ def test_serve_admits_by_a_full_window_timed_at_load_until_one_is_measured():
 def test_the_vad_leaves_torch_the_threads_it_was_given():
     """Importing silero_vad sets torch's threads to 1 for the process: `voxrt serve` ran its
     model on one core of two."""
-    code = "import torch; torch.set_num_threads(2); import realtime.engine; print(torch.get_num_threads())"
+    code = (
+        "import torch; torch.set_num_threads(2); import realtime.engine.loop; print(torch.get_num_threads())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "2"

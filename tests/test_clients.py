@@ -17,7 +17,8 @@ import captions
 from benchmarks.conversations import conversation, synthetic_voices
 from benchmarks.text import word_error_rate
 from clients import mic, soak
-from realtime.config import EngineConfig, ServerConfig
+from realtime.config import ServerConfig
+from realtime.engine.config import EngineConfig
 from tests.conftest import ROOT, SAMPLES
 from tests.server_harness import ServerThread, wait_until
 from voxtral.audio import SAMPLE_RATE
@@ -305,7 +306,7 @@ def test_demo_serves_and_transcribes_a_file(welcome, tmp_path):
 def test_stream_waits_for_a_busy_server_as_its_retry_after_asks(whisper_model):
     """A full server answers 503 with Retry-After; `voxrt stream` says so, waits, and gets in
     once a seat is free."""
-    full = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=1))
+    full = ServerThread(WhisperRunner(whisper_model), ServerConfig(), max_sessions=1)
     try:
         seated = full.connect()
         client = subprocess.Popen(

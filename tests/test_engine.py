@@ -7,8 +7,8 @@ import weakref
 import pytest
 
 from benchmarks.text import word_error_rate
-from realtime.engine import Engine
-from realtime.events import Delta, Done, Failed
+from realtime.engine.events import Delta, Done, Failed
+from realtime.engine.loop import Engine
 from tests.conftest import wait_for
 from tests.engine_events import listen
 

@@ -54,8 +54,8 @@ def welcome_4s(welcome):
 
 
 def test_idle_connections_are_closed_and_a_real_client_gets_in(whisper_model, welcome_4s):
-    config = ServerConfig(max_sessions=3, limits=ConnectionLimits(idle_seconds=3.0))
-    harness = ServerThread(WhisperRunner(whisper_model), config)
+    config = ServerConfig(limits=ConnectionLimits(idle_seconds=3.0))
+    harness = ServerThread(WhisperRunner(whisper_model), config, max_sessions=3)
     try:
         idle = [harness.connect() for _ in range(3)]
         with pytest.raises(InvalidStatus) as refused:
@@ -168,7 +168,7 @@ with connect(sys.argv[1]) as ws:
 
 
 def test_an_event_flood_is_closed_while_health_and_a_real_session_carry_on(whisper_model, welcome):
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), max_sessions=4)
     try:
         samples, text = welcome
         transcribe(harness, samples[: 4 * 16000])  # warm: a cold first step is not the flood's
@@ -200,10 +200,8 @@ def test_an_event_flood_is_closed_while_health_and_a_real_session_carry_on(whisp
 
 
 def test_per_address_limit_counts_the_forwarded_client_only_behind_a_trusted_proxy(whisper_model):
-    config = ServerConfig(
-        max_sessions=10, max_connections_per_ip=2, trusted_proxies=parse_networks("127.0.0.1")
-    )
-    harness = ServerThread(WhisperRunner(whisper_model), config)
+    config = ServerConfig(max_connections_per_ip=2, trusted_proxies=parse_networks("127.0.0.1"))
+    harness = ServerThread(WhisperRunner(whisper_model), config, max_sessions=10)
 
     def open_as(address: str | None):
         headers = {"X-Forwarded-For": address} if address else {}
@@ -233,7 +231,7 @@ def test_per_address_limit_counts_the_forwarded_client_only_behind_a_trusted_pro
         harness.stop()
     # Without trusted proxies the header is the client's word and is ignored.
     harness = ServerThread(
-        WhisperRunner(whisper_model), ServerConfig(max_sessions=10, max_connections_per_ip=2)
+        WhisperRunner(whisper_model), ServerConfig(max_connections_per_ip=2), max_sessions=10
     )
     try:
         with open_as("1.1.1.1"), open_as("2.2.2.2"):
@@ -245,8 +243,8 @@ def test_per_address_limit_counts_the_forwarded_client_only_behind_a_trusted_pro
 
 
 def test_origin_check_refuses_foreign_browsers_only(whisper_model):
-    config = ServerConfig(max_sessions=4, allowed_origins=["https://app.example"])
-    harness = ServerThread(WhisperRunner(whisper_model), config)
+    config = ServerConfig(allowed_origins=["https://app.example"])
+    harness = ServerThread(WhisperRunner(whisper_model), config, max_sessions=4)
     try:
         with pytest.raises(InvalidStatus) as refused:
             harness.connect(origin="https://evil.example")
@@ -271,8 +269,8 @@ HOSTILE = st.lists(
 def test_well_behaved_sessions_get_their_text_whatever_the_hostile_ones_do(
     whisper_model, welcome_4s, hostile
 ):
-    config = ServerConfig(max_sessions=8, limits=ConnectionLimits(idle_seconds=2.0, outbox_events=8))
-    harness = ServerThread(WhisperRunner(whisper_model), config)
+    config = ServerConfig(limits=ConnectionLimits(idle_seconds=2.0, outbox_events=8))
+    harness = ServerThread(WhisperRunner(whisper_model), config, max_sessions=8)
     noise = np.random.default_rng(0).normal(0, 0.3, 16000).astype(np.float32)
 
     def behave(kind: str) -> tuple[int, str] | None:

@@ -13,8 +13,8 @@ import soxr
 
 from benchmarks.text import char_error_rate, normalize_words, word_error_rate
 from realtime.config import ServerConfig
-from realtime.engine import Engine
-from realtime.events import Delta, Done, LanguageDetected
+from realtime.engine.events import Delta, Done, LanguageDetected
+from realtime.engine.loop import Engine
 from tests.conftest import espeak
 from tests.server_harness import ServerThread, events_until, expect_error, stream
 from tests.test_openai_realtime import b64, client, events_until_completed
@@ -154,7 +154,7 @@ def test_a_language_that_starts_like_english_is_detected_from_more_speech(base_r
 
 @pytest.fixture(scope="module")
 def base_server(base_runner):
-    harness = ServerThread(base_runner, ServerConfig(max_sessions=4, api_key="sk-test"))
+    harness = ServerThread(base_runner, ServerConfig(api_key="sk-test"), max_sessions=4)
     yield harness
     harness.stop()
 

@@ -28,7 +28,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def server(whisper_model):
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=8, api_key="sk-test"))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(api_key="sk-test"), max_sessions=8)
     yield harness
     harness.stop()
 
@@ -293,7 +293,7 @@ def test_vllm_realtime_client_with_its_default_flags(server, tmp_path):
 
 def test_strict_model_refuses_a_model_it_does_not_serve(whisper_model):
     strict = dataclasses.replace(TINY_EN, strict_model=True)
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=2), model=strict)
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), max_sessions=2, model=strict)
     try:
         with harness.connect() as ws:
             ws.send(json.dumps({"type": "session.update", "model": "whisper-tiny.en"}))

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from benchmarks.streaming_wer import streamed
-from realtime.config import EngineConfig
-from realtime.engine import Engine
+from realtime.engine.config import EngineConfig
+from realtime.engine.loop import Engine
 from scheduler import Request
 from voxtral.loading import load_model
 from voxtral.whisper.runner import WhisperRunner

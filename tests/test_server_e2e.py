@@ -12,8 +12,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from benchmarks.text import word_error_rate
-from realtime.config import EngineConfig, ServedModel, ServerConfig
-from realtime.engine import Engine
+from realtime.config import ServedModel, ServerConfig
+from realtime.engine.config import EngineConfig
+from realtime.engine.loop import Engine
 from realtime.limits import ConnectionLimits
 from realtime.server import RealtimeServer
 from tests.conftest import espeak
@@ -36,7 +37,7 @@ FIRST_SECONDS = (
 @pytest.fixture(scope="module")
 def server(whisper_model):
     harness = ServerThread(
-        WhisperRunner(whisper_model), ServerConfig(max_sessions=40, max_frame_bytes=256_000)
+        WhisperRunner(whisper_model), ServerConfig(max_frame_bytes=256_000), max_sessions=40
     )
     yield harness
     harness.stop()
@@ -172,7 +173,7 @@ def test_session_past_its_length_limit(whisper_model, monkeypatch):
 
 
 def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=2, api_key="s3cret"))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(api_key="s3cret"), max_sessions=2)
     try:
         with pytest.raises(InvalidStatus) as refused:
             harness.connect()

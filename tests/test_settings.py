@@ -4,9 +4,10 @@ import ipaddress
 
 import pytest
 
-from realtime.capacity import CapacityConfig
 from realtime.cli import serve_parser
-from realtime.config import EngineConfig, ServedModel, ServerConfig
+from realtime.config import ServedModel, ServerConfig
+from realtime.engine.capacity import CapacityConfig
+from realtime.engine.config import EngineConfig
 from realtime.limits import ConnectionLimits
 from realtime.settings import ModelSettings, default_of, env_name, flag_name, from_args, settings_of
 

@@ -17,7 +17,7 @@ from benchmarks.conversations import conversation, real_voices, synthetic_voices
 from benchmarks.real_speech import recording
 from benchmarks.streaming_wer import streamed
 from realtime.config import ServerConfig
-from realtime.engine import Engine
+from realtime.engine.loop import Engine
 from realtime.protocols.openai import DIARIZE_MODEL
 from tests.server_harness import ServerThread, append_event, events_until
 from tests.test_openai_realtime import b64, client, events_until_completed
@@ -116,7 +116,7 @@ def test_three_synthetic_voices_get_their_words_right(whisper_model, tmp_path):
 
 @pytest.fixture(scope="module")
 def server(whisper_model):
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4, api_key="sk-test"))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(api_key="sk-test"), max_sessions=4)
     yield harness
     harness.stop()
 

@@ -11,8 +11,8 @@ from silero_vad import load_silero_vad
 
 from benchmarks.text import normalize_words, word_error_rate
 from realtime.config import ServerConfig
-from realtime.engine import Engine
-from realtime.events import Delta, Done, Interim, SpeechStarted, SpeechStopped
+from realtime.engine.events import Delta, Done, Interim, SpeechStarted, SpeechStopped
+from realtime.engine.loop import Engine
 from tests.conftest import espeak
 from tests.engine_events import listen
 from tests.server_harness import ServerThread, append_event
@@ -227,7 +227,7 @@ def test_a_turn_shows_interim_text_before_any_of_it_may_be_committed(whisper_run
 
 def test_interim_text_is_opt_in_and_never_changes_committed_text(whisper_runner, tmp_path):
     speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
-    server = ServerThread(whisper_runner, ServerConfig(max_sessions=2))
+    server = ServerThread(whisper_runner, ServerConfig(), max_sessions=2)
     try:
         received = {}
         for opt_in in (False, True):

@@ -9,8 +9,8 @@ import numpy as np
 
 from benchmarks.real_speech import recording
 from benchmarks.text import word_error_rate
-from realtime.engine import IDLE_SECONDS, Engine
-from realtime.events import Done
+from realtime.engine.events import Done
+from realtime.engine.loop import IDLE_SECONDS, Engine
 from tests.engine_events import listen
 
 CHUNK = 1600  # 100 ms, as a live client sends

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 from transformers import AutoProcessor
 
-from realtime.events import Delta, Done, Failed, SpeechStopped, TurnEnded
+from realtime.engine.events import Delta, Done, Failed, SpeechStopped, TurnEnded
 from tests.conftest import wait_for
 from tests.engine_events import listen
 from tests.voxtral_harness import (
@@ -173,7 +173,7 @@ def test_a_hugging_face_id_in_the_local_cache_loads_without_the_network(voxtral_
     shutil.copytree(voxtral_dirs["short_windows"], repo / "snapshots" / ("0" * 40))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     loaded = load_model("voxrt/tiny-voxtral", "cpu", max_sessions=1)
-    assert loaded.runner.name == "voxtral_realtime" and "voxtral" in loaded.names
+    assert loaded.runner.spec.name == "voxtral_realtime" and "voxtral" in loaded.names
 
 
 def ended(events: list) -> bool:
@@ -263,5 +263,5 @@ def test_a_turn_the_vad_ends_ends_with_the_token_its_delay_puts_after_it(voxtral
     assert kinds == [SpeechStopped, TurnEnded, SpeechStopped, TurnEnded, Done], kinds
     stops = [e.audio_ms for e in feed.events if isinstance(e, SpeechStopped)]
     for stop_ms, end in zip(stops, turn_ends, strict=True):
-        last = (runner.leading_silence_samples + stop_ms * 16) // runner.samples_per_position
+        last = (runner.spec.leading_silence_samples + stop_ms * 16) // runner.spec.samples_per_position
         assert end >= last + runner.model.num_delay_tokens - 1, (stop_ms, end)

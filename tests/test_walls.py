@@ -3,8 +3,8 @@ frees all it held, and every other utterance carries on to the text it would hav
 
 import pytest
 
-from realtime.engine import Engine
-from realtime.events import Done, Failed
+from realtime.engine.events import Done, Failed
+from realtime.engine.loop import Engine
 from tests.conftest import wait_for
 from tests.engine_events import listen
 from tests.test_voxtral_engine import assert_nothing_held, noise

@@ -153,12 +153,9 @@ class Attacker:
 @pytest.fixture(scope="module")
 def voxtral_server(voxtral_dirs):
     loaded = load_model(str(voxtral_dirs["base"]), "cpu", "float32", max_sessions=8)
-    config = ServerConfig(
-        max_sessions=8, max_frame_bytes=4 << 20, limits=ConnectionLimits(max_events_per_second=10_000)
-    )
-    harness = ServerThread(
-        loaded.runner, config, model=ServedModel(name=loaded.label, names=frozenset(loaded.names))
-    )
+    config = ServerConfig(max_frame_bytes=4 << 20, limits=ConnectionLimits(max_events_per_second=10_000))
+    served = ServedModel(name=loaded.label, names=frozenset(loaded.names))
+    harness = ServerThread(loaded.runner, config, model=served, max_sessions=8)
     yield harness
     harness.stop()
 

@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 from benchmarks.text import word_error_rate
 from clients.audio import float32_to_pcm16
 from realtime.config import ConfigError, ServerConfig
-from realtime.engine import Engine
+from realtime.engine.loop import Engine
 from realtime.limits import ConnectionLimits
 from realtime.protocols.common import MAX_PROMPT_CHARS
 from realtime.server import RealtimeServer
@@ -109,7 +109,7 @@ def test_a_lone_surrogate_prompt_ends_no_other_session(whisper_model, welcome, w
     """The attack lands while the bystander's audio waits in the engine's queue (steps held):
     with today's walls the bystander's text is as if it were alone."""
     samples, _ = welcome
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=4))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), max_sessions=4)
     before = gauges(harness)
     gate, _ = hold_steps(harness.engine, monkeypatch)
     query, events = ATTACKS[wire]
@@ -133,7 +133,7 @@ def test_a_lone_surrogate_prompt_ends_no_other_session(whisper_model, welcome, w
 
 @pytest.fixture(scope="module")
 def server(whisper_model):
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=8))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), max_sessions=8)
     yield harness
     harness.stop()
 
@@ -173,8 +173,8 @@ def test_a_connection_holds_at_most_its_utterances_and_admission_counts_them(
     """OpenAI's manual commits each end an utterance whose text is still owed: past
     `max_utterances` the next is refused, and each held one is a seat."""
     samples, _ = welcome
-    config = ServerConfig(max_sessions=8, limits=ConnectionLimits(max_utterances=2))
-    harness = ServerThread(WhisperRunner(whisper_model), config)
+    config = ServerConfig(limits=ConnectionLimits(max_utterances=2))
+    harness = ServerThread(WhisperRunner(whisper_model), config, max_sessions=8)
     gate, _ = hold_steps(harness.engine, monkeypatch)
     try:
         with (

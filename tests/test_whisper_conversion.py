@@ -211,7 +211,7 @@ def test_base_is_multilingual_with_its_own_special_tokens(base_runner):
     assert model.prompt("fr") == [50258, model.language_ids["fr"], 50359]
     assert model.prompt("fr", "translate") == [50258, model.language_ids["fr"], 50358]
     assert generation.alignment_heads[0] == [3, 1]  # base's own, from its package's config.json
-    assert base_runner.languages == set(model.language_ids) and base_runner.translates
+    assert base_runner.spec.languages == set(model.language_ids) and base_runner.spec.translates
 
 
 def test_base_without_its_packages_names_them(monkeypatch, tmp_path):

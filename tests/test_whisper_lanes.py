@@ -4,8 +4,8 @@ windows decoded together in one batch say: the lanes change when text comes, not
 import threading
 
 from benchmarks.real_speech import recording
-from realtime.engine import Engine
-from realtime.events import Delta
+from realtime.engine.events import Delta
+from realtime.engine.loop import Engine
 from tests.test_whisper_streaming import stream_through_engine
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.policy import WhisperPolicy

@@ -8,8 +8,8 @@ from benchmarks.real_speech import recording
 from benchmarks.streaming_wer import streamed
 from benchmarks.text import whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
-from realtime.engine import Engine
-from realtime.events import Delta, Done
+from realtime.engine.events import Delta, Done
+from realtime.engine.loop import Engine
 from tests.conftest import espeak
 from tests.engine_events import listen
 from voxtral.runner import Transcription

@@ -6,8 +6,8 @@ import pytest
 
 from benchmarks.speech import passage, synthesize
 from benchmarks.text import normalize_words
-from realtime.engine import Engine
-from realtime.events import Done
+from realtime.engine.events import Done
+from realtime.engine.loop import Engine
 from tests.test_turns import stream_stepped
 from voxtral.whisper.policy import WhisperPolicy
 from voxtral.whisper.runner import WhisperRunner

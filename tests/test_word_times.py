@@ -91,7 +91,7 @@ def test_words_spoken_apart_are_timed_where_they_were_spoken(whisper_model, tmp_
 def test_vllm_wire_words_are_in_order_within_the_audio_and_spell_the_deltas(whisper_model):
     audio = recording("beckett").audio
     seconds = len(audio) / SAMPLE_RATE
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(max_sessions=2))
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), max_sessions=2)
     try:
         with harness.connect() as timed, harness.connect() as plain:
             timed.send(json.dumps({"type": "session.update", "word_timestamps": True}))

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from transformers import AutoProcessor, VoxtralRealtimeForConditionalGeneration
 
-from realtime.config import EngineConfig
-from realtime.engine import Engine
-from realtime.events import Delta, Done, Failed
+from realtime.engine.config import EngineConfig
+from realtime.engine.events import Delta, Done, Failed
+from realtime.engine.loop import Engine
 from scheduler import Request
 from tests.engine_events import listen
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec

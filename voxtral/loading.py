@@ -25,7 +25,7 @@ class LoadedModel:
     label: str  # what logs and /health call it
     names: set[str]  # what `session.update` may name it
     max_sessions: int  # what was asked for, or fewer when their KV rings would not fit
-    # Seconds a full window's decode took here at load (`ModelRunner.full_window_cost`).
+    # Seconds a full window's decode took here at load (`WhisperRunner.full_window_cost`).
     full_window_cost: float | None = None
 
 
@@ -81,8 +81,10 @@ def load_model(
     with ThreadPoolExecutor(1, thread_name_prefix="voxrt-load") as pool:
         loaded = pool.submit(_load_model, model, device, dtype, max_sessions, cores).result()
         if cores is not None:
-            torch.set_num_threads(1 if loaded.runner.lanes > 1 else cores)
-        loaded.full_window_cost = pool.submit(loaded.runner.full_window_cost).result()
+            torch.set_num_threads(1 if loaded.runner.spec.lanes > 1 else cores)
+        # Voxtral's every step is a full window: its first measures it.
+        if isinstance(loaded.runner, WhisperRunner):
+            loaded.full_window_cost = pool.submit(loaded.runner.full_window_cost).result()
         return loaded
 
 

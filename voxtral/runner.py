@@ -94,12 +94,20 @@ class StepResult:
         return self.outputs[request_id][-1]
 
 
-class ModelRunner(Protocol):
-    """A model family as the engine drives it.
+class TokenText(Protocol):
+    """An utterance's text from a token family's sampled ids, added one at a time: a character
+    may take several ids, so an id may add nothing until the next completes it."""
 
-    `new_state` makes the family's per-utterance state (typed per family); the engine
-    keeps it and hands it back to `submit`, `detokenize` and `release`.
-    """
+    def add(self, token_id: int) -> str: ...
+
+    def flush(self) -> str:
+        """What is held back, at the utterance's end."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """What a loaded model family is: the facts the engine, capacity and the wires read."""
 
     name: str
     device: torch.device
@@ -117,18 +125,29 @@ class ModelRunner(Protocol):
     # Sessions a step computes at once, each on its own thread (Whisper on a CPU: its windows,
     # one per core); 1: a step is one computation. Capacity counts a step's time once per lane.
     lanes: int
-    num_slots_in_use: int  # utterances holding per-utterance device state (KV)
     # Languages a session may ask for; None: the model hears it itself and ignores a request.
     languages: frozenset[str] | None
     translates: bool  # the "translate" task is served
     word_times: bool  # committed words can come timed (`Transcription.word_times`)
+    # A token family's text for a new utterance, made from the ids its steps sample (the
+    # output path owns it); None: the family's outputs carry their text.
+    token_text: Callable[[], TokenText] | None = None
+
+
+State = TypeVar("State")
+
+
+class ModelRunner(Protocol[State]):
+    """A model family as the engine drives it.
+
+    `new_state` makes the family's per-utterance state; the engine keeps it and hands it
+    back to `submit`, `turn` and `release`.
+    """
+
+    spec: ModelSpec
+    num_slots_in_use: int  # utterances holding per-utterance device state (KV)
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig: ...
-
-    def full_window_cost(self) -> float | None:
-        """Seconds a full window's decode takes on this machine, timed at load on a dummy one:
-        admission's prior until sessions' own are measured. None: the first step measures it."""
-        ...
 
     def trailing_silence_samples(self, num_samples: int) -> int:
         """Zeros appended when input finishes, given the samples so far."""
@@ -136,23 +155,19 @@ class ModelRunner(Protocol):
 
     def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor: ...
 
-    def new_state(self, request: Request, transcription: Transcription) -> object:
+    def new_state(self, request: Request, transcription: Transcription) -> State:
         """The family's state for a new utterance; raises `NoFreeSlot` at once when full."""
         ...
 
-    def submit(self, out: SchedulerOutput, states: dict[str, object]) -> Future[StepResult]:
+    def submit(self, out: SchedulerOutput, states: dict[str, State]) -> Future[StepResult]:
         """Launch the step; the result may come later, and later steps may be submitted first."""
         ...
 
-    def detokenize(self, state: object, token_ids: list[int], final: bool) -> str:
-        """Text of resolved token ids, appended to what came before; `final` flushes the tail."""
-        ...
-
-    def turn(self, state: object, speaking: bool, position: int) -> None:
+    def turn(self, state: State, speaking: bool, position: int) -> None:
         """The VAD heard speech start (or stop, after enough silence) at `position`."""
         ...
 
-    def release(self, state: object) -> None:
+    def release(self, state: State) -> None:
         """Free the utterance's device state once every submitted step is done with it."""
         ...
 

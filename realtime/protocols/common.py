@@ -15,7 +15,7 @@ from structlog.stdlib import BoundLogger
 
 from realtime.config import ServedModel
 from voxtral.audio import pcm16_to_float32
-from voxtral.runner import ModelRunner, Transcription
+from voxtral.runner import ModelSpec, Transcription
 
 # A validation error of one of these types carries its wire code; any other is `invalid_event`
 # for a field of the event itself and `invalid_value` for a value nested in one.
@@ -146,7 +146,7 @@ def check_model(served: ServedModel, asked: str | None, log: BoundLogger) -> Non
 
 
 def transcription(
-    runner: ModelRunner,
+    spec: ModelSpec,
     language: str | None,
     task: str | None,
     prompt: str | None = None,
@@ -155,20 +155,20 @@ def transcription(
 ) -> Transcription:
     """The language, task, prompt, word times and speaker labels a session asked for, or the
     error naming what the served model supports."""
-    if (word_times or speakers) and not runner.word_times:
+    if (word_times or speakers) and not spec.word_times:
         asked = "speaker labels" if speakers else "word times"
         raise ProtocolError(
-            "unsupported_option", f"the served model ({runner.name}) gives no word times: no {asked}"
+            "unsupported_option", f"the served model ({spec.name}) gives no word times: no {asked}"
         )
     if task not in (None, "transcribe", "translate"):
         raise ProtocolError("invalid_value", f"task {task[:50]!r}: choose 'transcribe' or 'translate'")
-    if task == "translate" and not runner.translates:
+    if task == "translate" and not spec.translates:
         raise ProtocolError(
             "unsupported_task", "the served model transcribes only; serve whisper-base to translate"
         )
-    if language is not None and runner.languages is not None:
-        if language.lower() not in runner.languages:
-            supported = ", ".join(sorted(runner.languages))
+    if language is not None and spec.languages is not None:
+        if language.lower() not in spec.languages:
+            supported = ", ".join(sorted(spec.languages))
             raise ProtocolError(
                 "unsupported_language", f"language {language[:50]!r} is not served; supported: {supported}"
             )

@@ -17,7 +17,7 @@ from realtime.protocols.common import (
 )
 from realtime.protocols.common import transcription as asked_transcription
 from realtime.protocols.openai_wire import logprobs
-from voxtral.runner import ModelRunner, TimedWord, Transcription
+from voxtral.runner import ModelSpec, TimedWord, Transcription
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 MEDIA_TYPES = {
@@ -68,7 +68,7 @@ def _list(form: FormData, name: str) -> list[str]:
     return values
 
 
-def parse(form: FormData, task: str, runner: ModelRunner) -> FileRequest:
+def parse(form: FormData, task: str, spec: ModelSpec) -> FileRequest:
     """The form of an upload, or the `ProtocolError` that says what is wrong with it."""
     file = form.get("file")
     if not isinstance(file, UploadFile):
@@ -98,11 +98,9 @@ def parse(form: FormData, task: str, runner: ModelRunner) -> FileRequest:
         raise ProtocolError("invalid_value", "timestamp_granularities[]: needs response_format verbose_json")
     if stream and response_format not in ("json", "text"):
         raise ProtocolError("invalid_value", "stream: with response_format json or text")
-    timed = runner.word_times and (
-        words or wants_logprobs or response_format in ("srt", "vtt", "verbose_json")
-    )
+    timed = spec.word_times and (words or wants_logprobs or response_format in ("srt", "vtt", "verbose_json"))
     transcription = asked_transcription(
-        runner,
+        spec,
         _field(form, "language", MAX_CODE_CHARS) or None,
         task,
         _field(form, "prompt", MAX_PROMPT_CHARS),

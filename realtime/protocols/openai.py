@@ -14,12 +14,11 @@ sent once the next speaker's first word or the item's end closes it.
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import soxr
 
-from realtime.events import (
+from realtime.engine.events import (
     Delta,
     Done,
     EngineEvent,
@@ -46,12 +45,10 @@ from realtime.protocols.openai_wire import (
     parse,
     session_object,
 )
+from realtime.protocols.port import SessionPort
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import TimedWord
 from voxtral.vad import VadConfig
-
-if TYPE_CHECKING:
-    from realtime.connection import Connection
 
 # The transcription model name that asks for speakers: served as the served model, diarized.
 DIARIZE_MODEL = "gpt-4o-transcribe-diarize"
@@ -85,7 +82,7 @@ class Turns:
 
 
 class OpenAISession:
-    def __init__(self, connection: "Connection") -> None:
+    def __init__(self, connection: SessionPort) -> None:
         self.connection = connection
         self.session_id = new_id("sess")
         self.settings = TranscriptionSettings()  # model, language, prompt as the client set them
@@ -145,8 +142,7 @@ class OpenAISession:
             self.resampler = self._resampler()
         diarize = update.model == DIARIZE_MODEL
         if update.language is not None or update.logprobs or diarize:  # checked before any setting changes
-            runner = self.connection.engine.runner
-            transcription(runner, update.language, None, None, bool(update.logprobs), diarize)
+            transcription(self.connection.spec, update.language, None, None, bool(update.logprobs), diarize)
         for name in ("model", "language", "prompt", "logprobs"):
             if (value := getattr(update, name)) is not None:
                 setattr(self.settings, name, value)
@@ -161,9 +157,11 @@ class OpenAISession:
             vad = self.vad and VadConfig(
                 threshold=self.vad.threshold, silence_ms=self.vad.silence_duration_ms
             )
-            runner, settings = self.connection.engine.runner, self.settings
+            settings = self.settings
             logprobs, diarize = bool(settings.logprobs), settings.model == DIARIZE_MODEL
-            asked = transcription(runner, settings.language, None, settings.prompt, logprobs, diarize)
+            asked = transcription(
+                self.connection.spec, settings.language, None, settings.prompt, logprobs, diarize
+            )
             self.utterance = self.connection.start_utterance(vad or None, asked)
             self.turns[self.utterance] = Turns(self._clock_ms(), speakers=diarize)
             self._new_item(self._clock_ms())

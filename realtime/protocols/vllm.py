@@ -2,9 +2,8 @@
 
 import json
 import time
-from typing import TYPE_CHECKING
 
-from realtime.events import Delta, Done, EngineEvent, Failed, Interim, LanguageDetected
+from realtime.engine.events import Delta, Done, EngineEvent, Failed, Interim, LanguageDetected
 from realtime.protocols.common import (
     Code,
     Name,
@@ -16,12 +15,8 @@ from realtime.protocols.common import (
     parse_event,
     transcription,
 )
-from realtime.protocols.openai import OpenAISession
-from realtime.protocols.openai_wire import is_openai_event
+from realtime.protocols.port import SessionPort
 from voxtral.runner import TimedWord, Transcription
-
-if TYPE_CHECKING:
-    from realtime.connection import Connection
 
 
 class SessionUpdate(WireObject):
@@ -99,13 +94,12 @@ class VllmSession:
     """vLLM's session: audio before any commit starts an utterance (documented); `final`
     ends its input; after `transcription.done` the next commit or audio starts a new one."""
 
-    def __init__(self, connection: "Connection") -> None:
+    def __init__(self, connection: SessionPort) -> None:
         self.connection = connection
         self.utterance: str | None = None  # the running utterance
         self.interim = False  # the client asked for `transcription.interim`
         # language, task, prompt and word times of the utterances to come
         self.transcription = Transcription()
-        self.first_event = True
 
     def opened(self) -> None:
         self.connection.send(
@@ -118,13 +112,6 @@ class VllmSession:
         return error(code, message)
 
     def handle(self, message: str | bytes) -> None:
-        if self.first_event:
-            self.first_event = False
-            if is_openai_event(message):
-                # An OpenAI client on a URL that did not say so: its first event picks the protocol.
-                self.connection.wire = OpenAISession(self.connection)
-                self.connection.wire.handle(message)
-                return
         try:
             event = parse_event(message, EVENTS, "unknown_event")
             if isinstance(event, SessionUpdate):
@@ -154,13 +141,15 @@ class VllmSession:
             self.interim = event.interim
         asked = (event.language, event.task, event.prompt, event.word_timestamps, event.diarize)
         if any(value is not None for value in asked):
-            runner, before = self.connection.engine.runner, self.transcription
+            before = self.transcription
             language = event.language if event.language is not None else before.language
             prompt = event.prompt if event.prompt is not None else before.prompt
             word_times = before.word_times if event.word_timestamps is None else event.word_timestamps
             speakers = before.speakers if event.diarize is None else event.diarize
             task = event.task or before.task
-            self.transcription = transcription(runner, language, task, prompt, word_times, speakers)
+            self.transcription = transcription(
+                self.connection.spec, language, task, prompt, word_times, speakers
+            )
 
     def _running(self) -> str:
         if self.utterance is None:

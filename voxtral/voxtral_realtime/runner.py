@@ -22,7 +22,7 @@ from torch.nn.utils.rnn import pad_sequence
 from scheduler import AudioItem, Request, SchedulerConfig, SchedulerOutput
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
-from voxtral.runner import StepResult, Transcription, UtteranceOutput, run_rows
+from voxtral.runner import ModelSpec, StepResult, Transcription, UtteranceOutput, run_rows
 from voxtral.voxtral_realtime.detokenizer import Detokenizer
 from voxtral.voxtral_realtime.model import VoxtralModel
 from voxtral.voxtral_realtime.sliding_kv import Rows
@@ -30,13 +30,11 @@ from voxtral.voxtral_realtime.sliding_kv import Rows
 
 @dataclass
 class VoxtralStream:
-    """One utterance's Voxtral state. `slot` is fixed at creation; `detokenizer` and
-    `turn_stops` belong to the engine thread; `done` to the device worker (its last output
-    went out, or it was released)."""
+    """One utterance's Voxtral state. `slot` is fixed at creation; `turn_stops` belong to the
+    engine thread; `done` to the device worker (its last output went out, or it was released)."""
 
     request_id: str
     slot: int
-    detokenizer: Detokenizer
     done: bool = False
     turn_stops: deque[int] = field(default_factory=deque)  # positions where the VAD ended turns, oldest first
 
@@ -68,35 +66,33 @@ class _Step:
 
 
 class VoxtralRunner:
-    name = "voxtral_realtime"
-    history_dependent_items = True  # the encoder is causal and stateful
-    max_steps_in_flight = 2
-    lanes = 1  # one batched computation per step, on the device worker
-    full_window_seconds = 0.0  # a position per step, each costing alike
-    languages = None  # Voxtral Realtime transcribes what it hears; it takes no language prompt
-    translates = False
-    word_times = False  # its tokens are text, not yet words with times
-
     def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, num_slots: int) -> None:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrt-device")
         # Loaded on the worker, the one thread that runs torch's parallel kernels: a second
         # OpenMP team on another thread would throttle both on a small CPU.
         model = self._worker.submit(VoxtralModel, path, device, dtype, num_slots).result()
         self.model = model
-        self.device = model.device
-        self.chunk_samples = model.samples_per_position
-        self.samples_per_position = model.samples_per_position
-        self.step_period_seconds = model.samples_per_position / SAMPLE_RATE  # a position per step
-        self.leading_silence_samples = model.left_pad_samples
+        self.spec = ModelSpec(
+            name="voxtral_realtime",
+            device=model.device,
+            chunk_samples=model.samples_per_position,
+            samples_per_position=model.samples_per_position,
+            leading_silence_samples=model.left_pad_samples,
+            history_dependent_items=True,  # the encoder is causal and stateful
+            step_period_seconds=model.samples_per_position / SAMPLE_RATE,  # a position per step
+            full_window_seconds=0.0,  # a position per step, each costing alike
+            max_steps_in_flight=2,
+            lanes=1,  # one batched computation per step, on the device worker
+            languages=None,  # Voxtral Realtime transcribes what it hears; it takes no language prompt
+            translates=False,
+            word_times=False,  # its tokens are text, not yet words with times
+            token_text=partial(Detokenizer, model.tekken),
+        )
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> audio embedding (worker-side)
         # A min-heap, engine thread only. Lowest slot first: live utterances stay packed at the
         # front, so a step's rows are usually a contiguous run of slots and attention reads
         # the rings in place.
         self._free_slots = list(range(model.num_slots))
-
-    def full_window_cost(self) -> None:
-        """Every step of a speaking session is a full window: the first one measures it."""
-        return None
 
     @property
     def num_slots_in_use(self) -> int:
@@ -119,7 +115,7 @@ class VoxtralRunner:
     def trailing_silence_samples(self, num_samples: int) -> int:
         # `generate` never computes the last padded position (its token would follow the
         # end), so neither do we.
-        return self.model.right_pad_samples(num_samples) - self.samples_per_position
+        return self.model.right_pad_samples(num_samples) - self.model.samples_per_position
 
     def item_features(self, samples: np.ndarray, left: np.ndarray, right: np.ndarray) -> torch.Tensor:
         return self.model.features(samples, left, right)
@@ -128,11 +124,7 @@ class VoxtralRunner:
         if not self._free_slots:
             raise NoFreeSlot(f"all {self.model.num_slots} KV slots are taken (--max-sessions)")
         slot = heapq.heappop(self._free_slots)
-        return VoxtralStream(request.request_id, slot, Detokenizer(self.model.tekken))
-
-    def detokenize(self, state: VoxtralStream, token_ids: list[int], final: bool) -> str:
-        text = "".join(state.detokenizer.add(token) for token in token_ids)
-        return text + state.detokenizer.flush() if final else text
+        return VoxtralStream(request.request_id, slot)
 
     def turn(self, state: VoxtralStream, speaking: bool, position: int) -> None:
         """Voxtral needs no endpointing (each position's token is final when it is sampled);
@@ -184,8 +176,8 @@ class VoxtralRunner:
             encode_hashes.append([item.mm_hash for item in items])
         encode_frames, encode_mels = None, None
         if slots:
-            encode_frames = Rows.build(slots, starts, lengths, self.device)
-            encode_mels = self._batch_features(runs).to(self.device, non_blocking=True)
+            encode_frames = Rows.build(slots, starts, lengths, self.spec.device)
+            encode_mels = self._batch_features(runs).to(self.spec.device, non_blocking=True)
 
         scheduled = sorted(out.scheduled, key=lambda s: slot(s.request.request_id))
         step_states = [states[s.request.request_id] for s in scheduled]
@@ -204,7 +196,7 @@ class VoxtralRunner:
             decode_starts=decode_starts,
             decode_lengths=decode_lengths,
             decode_rows=Rows.build(
-                [state.slot for state in step_states], decode_starts, decode_lengths, self.device
+                [state.slot for state in step_states], decode_starts, decode_lengths, self.spec.device
             ),
             decode_hashes=[
                 [s.request.item(i).mm_hash for i in range(s.item_lo, s.item_hi)] for s in scheduled
@@ -230,7 +222,7 @@ class VoxtralRunner:
             for j, item in enumerate(items):
                 batch[row, :, j * width : (j + 1) * width] = item.features.numpy()
         features = torch.from_numpy(batch)
-        return features.pin_memory() if self.device.type == "cuda" else features
+        return features.pin_memory() if self.spec.device.type == "cuda" else features
 
     # ---- worker thread -----------------------------------------------------------------------
 
@@ -239,7 +231,7 @@ class VoxtralRunner:
         for mm_hash in step.freed:
             self.store.pop(mm_hash, None)
         if step.new_slots:
-            self.model.reset(torch.tensor(step.new_slots, device=self.device))
+            self.model.reset(torch.tensor(step.new_slots, device=self.spec.device))
         result = StepResult()
         encoded = (
             run_rows(partial(self._encode, step), list(range(len(step.encode_ids))))
@@ -278,7 +270,7 @@ class VoxtralRunner:
                 [step.encode_slots[i] for i in rows],
                 [step.encode_starts[i] for i in rows],
                 [step.encode_lengths[i] for i in rows],
-                self.device,
+                self.spec.device,
             )
             mels = step.encode_mels[rows, :, : 2 * max(step.encode_lengths[i] for i in rows)]
         embeds = self.model.encode(frames, mels)
@@ -296,7 +288,7 @@ class VoxtralRunner:
                 [step.states[i].slot for i in rows],
                 [step.decode_starts[i] for i in rows],
                 [step.decode_lengths[i] for i in rows],
-                self.device,
+                self.spec.device,
             )
         audio = pad_sequence(
             [torch.stack([self.store[h] for h in step.decode_hashes[i]]) for i in rows], batch_first=True

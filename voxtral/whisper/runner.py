@@ -13,7 +13,7 @@ import torch
 
 from scheduler import Request, RequestUpdate, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, raw_log_mel
-from voxtral.runner import StepResult, Transcription, UtteranceOutput, run_now
+from voxtral.runner import ModelSpec, StepResult, Transcription, UtteranceOutput, run_now
 from voxtral.whisper.commit import commit_window, leave_silence
 from voxtral.whisper.lanes import WindowDecoder
 from voxtral.whisper.model import Hypothesis, WhisperModel
@@ -34,13 +34,7 @@ class UploadDecode:
 
 
 class WhisperRunner:
-    name = "whisper"
-    leading_silence_samples = 0
-    history_dependent_items = False  # an item's log-mel is its content: shareable
-    # Each step's commits move the window the next step reads: no step runs ahead.
-    max_steps_in_flight = 1
-    num_slots_in_use = 0
-    word_times = True
+    num_slots_in_use = 0  # a window lives in the encoder cache, not in device state
 
     def __init__(self, model: WhisperModel, policy: WhisperPolicy | None = None, lanes: int = 1) -> None:
         """Runners may share a model; each engine needs its own runner (its store follows its cache).
@@ -52,21 +46,26 @@ class WhisperRunner:
         # beside the steps of live speech: request id -> the window and its decode.
         self.upload_lane = ThreadPoolExecutor(1, thread_name_prefix="voxrt-upload")
         self.uploading: dict[str, UploadDecode] = {}
-        self.device = model.device
-        self.chunk_samples = int(self.policy.chunk_seconds * SAMPLE_RATE) // HOP * HOP
-        self.samples_per_position = HOP
-        self.step_period_seconds = self.policy.step_period_seconds
-        self.full_window_seconds = self.policy.trim_after_seconds
+        self.spec = ModelSpec(
+            name="whisper",
+            device=model.device,
+            chunk_samples=int(self.policy.chunk_seconds * SAMPLE_RATE) // HOP * HOP,
+            samples_per_position=HOP,
+            leading_silence_samples=0,
+            history_dependent_items=False,  # an item's log-mel is its content: shareable
+            step_period_seconds=self.policy.step_period_seconds,
+            full_window_seconds=self.policy.trim_after_seconds,
+            # Each step's commits move the window the next step reads: no step runs ahead.
+            max_steps_in_flight=1,
+            lanes=self.decoder.lanes,
+            languages=frozenset(model.language_ids) if model.multilingual else frozenset({"en"}),
+            translates=model.multilingual,
+            word_times=True,
+        )
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> device copy of an item's log-mel
-        self.languages = frozenset(model.language_ids) if model.multilingual else frozenset({"en"})
-        self.translates = model.multilingual
         self.words = {
             spaced: TokenWords(model.tokenizer, model.timestamp_begin, spaced) for spaced in (True, False)
         }
-
-    @property
-    def lanes(self) -> int:
-        return self.decoder.lanes
 
     def scheduler_config(self, max_sessions: int) -> SchedulerConfig:
         # Every utterance keeps its whole window referenced: size the cache for all of them.
@@ -98,11 +97,9 @@ class WhisperRunner:
         )
 
     def full_window_cost(self) -> float:
-        return self.decoder.full_window_cost(self.full_window_seconds)
-
-    def detokenize(self, state: WhisperStream, token_ids: list[int], final: bool) -> str:
-        """Whisper commits text, not sampled ids: only ever called with none."""
-        return self.model.tokenizer.decode(token_ids)
+        """Seconds a full window's decode takes on this machine, timed on a dummy one:
+        admission's prior until sessions' own are measured."""
+        return self.decoder.full_window_cost(self.spec.full_window_seconds)
 
     def turn(self, state: WhisperStream, speaking: bool, position: int) -> None:
         if not speaking:
@@ -143,7 +140,7 @@ class WhisperRunner:
         for mm_hash in out.freed_mm_hashes:
             self.store.pop(mm_hash, None)
         for _, item in out.encoder_inputs:
-            self.store[item.mm_hash] = item.features.to(self.device, non_blocking=True)
+            self.store[item.mm_hash] = item.features.to(self.spec.device, non_blocking=True)
         result = StepResult()
         step = {
             s.request.request_id: (s.request, states[s.request.request_id], s.end, s.final)
@@ -163,7 +160,7 @@ class WhisperRunner:
             windows = []
             for request, state, end, final in due:
                 try:
-                    room = going_on < self.policy.max_windows_per_step * self.lanes
+                    room = going_on < self.policy.max_windows_per_step * self.spec.lanes
                     update = updates[request.request_id]
                     turns = len(state.turns)
                     if (window := self._plan(request, state, end, final, room, update)) is not None:

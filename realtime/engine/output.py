@@ -4,8 +4,8 @@ and the events each step's output adds (engine thread only)."""
 import time
 from dataclasses import dataclass, field
 
-from realtime.events import Delta, Done, EngineEvent, Interim, LanguageDetected, TurnEnded
-from voxtral.runner import TimedWord, UtteranceOutput
+from realtime.engine.events import Delta, Done, EngineEvent, Interim, LanguageDetected, TurnEnded
+from voxtral.runner import TimedWord, TokenText, UtteranceOutput
 
 
 @dataclass
@@ -14,11 +14,17 @@ class OutputProcessor:
     text_parts: list[str] = field(default_factory=list)  # the deltas sent, joined once at the end
     words: list[TimedWord] | None = None  # the deltas' timed words, where the client asked for them
     num_tokens: int = 0
+    token_text: TokenText | None = None  # a token family's text of the ids sampled so far
 
-    def events(self, output: UtteranceOutput, text: str, audio_seconds: float) -> list[EngineEvent]:
-        """What a step's output (and `text`, its detokenized ids and committed text) adds, in
-        order; the last is `Done` when the output finishes the utterance."""
+    def events(self, output: UtteranceOutput, sampled: list[int], audio_seconds: float) -> list[EngineEvent]:
+        """What a step's output (with `sampled`, the ids it sampled) adds, in order; the last
+        is `Done` when the output finishes the utterance."""
         self.num_tokens += output.num_tokens
+        text = output.text
+        if self.token_text is not None:
+            text += "".join(self.token_text.add(token_id) for token_id in sampled)
+            if output.finished:
+                text += self.token_text.flush()
         events: list[EngineEvent] = []
         if output.language:
             events.append(LanguageDetected(output.language))

@@ -1,8 +1,9 @@
 """The step loop: one thread owns the scheduler, the caches, the utterances and the runner.
 
 Other threads only enqueue typed commands and read the stats the loop publishes; the
-events of every utterance go to one listener, `on_events`, once per step, as one batch of
-(utterance id, event) in order.
+events of every utterance go to one listener, `on_events`, once per step that has events or
+consumed audio, as one batch of (utterance id, event) in order (empty when it only consumed:
+a listener pacing a client's audio waits for that).
 """
 
 import queue
@@ -16,12 +17,13 @@ import numpy as np
 import structlog
 
 from cache import FeatureCache
-from realtime.capacity import Capacity
-from realtime.commands import Abort, AddUtterance, AppendAudio, Command, FinishInput
-from realtime.config import EngineConfig, EngineStats
-from realtime.events import EngineEvent, Failed
-from realtime.ingest import Ingest
-from realtime.utterance import Utterances
+from realtime.engine.capacity import Capacity
+from realtime.engine.commands import Abort, AddUtterance, AppendAudio, Command, FinishInput
+from realtime.engine.config import EngineConfig
+from realtime.engine.events import EngineEvent, Failed
+from realtime.engine.ingest import Ingest
+from realtime.engine.stats import EngineStats
+from realtime.engine.utterance import Utterances
 from scheduler import Scheduler, SchedulerOutput
 from voxtral.runner import ModelRunner, StepResult, Transcription
 from voxtral.speaker_encoder import SpeakerEncoder
@@ -46,10 +48,10 @@ class Engine:
         self.speaker_encoder = SpeakerEncoder()
         self.capacity = Capacity(
             self.config.capacity,
-            runner.step_period_seconds,
-            runner.full_window_seconds,
+            runner.spec.step_period_seconds,
+            runner.spec.full_window_seconds,
             time.monotonic(),
-            runner.lanes,
+            runner.spec.lanes,
         )
         self.on_step: Callable[[float, int], None] | None = None  # (model seconds, utterances decoded)
         # A step's events, (utterance id, event) in order; called on the engine thread.
@@ -61,6 +63,7 @@ class Engine:
         self.model_seconds = 0.0  # summed over steps: with steps in flight, overlaps host work
         self._in_flight: deque[tuple[SchedulerOutput, Future[StepResult]]] = deque()
         self._idle = False  # the last step computed nothing new and said nothing
+        self._published_consumed: dict[str, int] = {}  # the consumption the listener last heard of
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="voxrt-engine", daemon=True)
@@ -181,7 +184,7 @@ class Engine:
         if out.scheduled:
             self._submit(out)
         while self._in_flight and (
-            len(self._in_flight) >= self.runner.max_steps_in_flight or not out.scheduled
+            len(self._in_flight) >= self.runner.spec.max_steps_in_flight or not out.scheduled
         ):
             self._complete(*self._in_flight.popleft())
         self.snapshot = self._take_stats(time.monotonic())
@@ -234,10 +237,12 @@ class Engine:
         )
 
     def _publish(self) -> None:
-        """The events since the last publish, to the listener; one that raises loses them, never
-        the engine thread."""
+        """The events since the last publish, to the listener, if there are any or the audio
+        consumed changed; one that raises loses them, never the engine thread."""
         events, self.utterances.outbox = self.utterances.outbox, []
-        if events and self.on_events is not None:
+        consumed = self.snapshot.consumed_samples
+        moved, self._published_consumed = consumed != self._published_consumed, consumed
+        if (events or moved) and self.on_events is not None:
             try:
                 self.on_events(events)
             except Exception:

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from realtime.commands import AddUtterance
-from realtime.config import EngineConfig
-from realtime.events import EngineEvent, Failed, SpeechStarted, SpeechStopped
-from realtime.ingest import Ingest, IngestBuffer
-from realtime.output import OutputProcessor
+from realtime.engine.commands import AddUtterance
+from realtime.engine.config import EngineConfig
+from realtime.engine.events import EngineEvent, Failed, SpeechStarted, SpeechStopped
+from realtime.engine.ingest import Ingest, IngestBuffer
+from realtime.engine.output import OutputProcessor
 from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
@@ -31,9 +31,9 @@ class Utterance:
 
     request: Request  # the timeline (the scheduler writes it): items, positions, output token ids
     state: object
+    vad: VadStream
+    output: OutputProcessor
     buffer: IngestBuffer = field(default_factory=IngestBuffer)
-    vad: VadStream = field(default_factory=VadStream)
-    output: OutputProcessor = field(default_factory=OutputProcessor)
     num_client_samples: int = 0  # what the client sent, without the family's padding
     speakers: SpeakerStream | None = None  # where the session asked who said each word
 
@@ -57,7 +57,7 @@ class Utterances(dict[str, Utterance]):
     def consumed_samples(self) -> dict[str, int]:
         """Per utterance, how much of its client audio the model has computed, less what
         waits for its text (`Request.num_done`)."""
-        lead, per_position = self.runner.leading_silence_samples, self.runner.samples_per_position
+        lead, per_position = self.runner.spec.leading_silence_samples, self.runner.spec.samples_per_position
         return {u.id: max(0, u.request.num_done * per_position - lead) for u in self.values()}
 
     def add(self, command: AddUtterance) -> None:
@@ -75,13 +75,17 @@ class Utterances(dict[str, Utterance]):
             self.emit(command.utterance_id, Failed("too_many_sessions", str(exc)))
             return
         # Held from here on: whatever fails next, `fail` frees it.
-        utterance = self[command.utterance_id] = Utterance(request, state, vad=VadStream(command.vad))
+        token_text = self.runner.spec.token_text
+        output = OutputProcessor(token_text=token_text() if token_text else None)
+        utterance = self[command.utterance_id] = Utterance(request, state, VadStream(command.vad), output)
         if asked.word_times or asked.speakers:
             utterance.output.words = []
         if asked.speakers:
             utterance.speakers = SpeakerStream(command.vad)
         self.scheduler.add_request(request)
-        self._ingest(utterance, np.zeros(self.runner.leading_silence_samples, np.float32), time.monotonic())
+        self._ingest(
+            utterance, np.zeros(self.runner.spec.leading_silence_samples, np.float32), time.monotonic()
+        )
 
     def append(self, utterance: Utterance, samples: np.ndarray, arrived_at: float) -> None:
         utterance.num_client_samples += len(samples)
@@ -137,8 +141,8 @@ class Utterances(dict[str, Utterance]):
         if utterance.request.input_finished and (last := utterance.vad.end_turn(ended_at)):
             turns.append(last)
         for turn in turns:
-            sample = self.runner.leading_silence_samples + turn.audio_ms * SAMPLE_RATE // 1000
-            self.runner.turn(utterance.state, turn.speaking, sample // self.runner.samples_per_position)
+            sample = self.runner.spec.leading_silence_samples + turn.audio_ms * SAMPLE_RATE // 1000
+            self.runner.turn(utterance.state, turn.speaking, sample // self.runner.spec.samples_per_position)
             self.emit(
                 utterance.id,
                 SpeechStarted(turn.audio_ms) if turn.speaking else SpeechStopped(turn.audio_ms),
@@ -178,14 +182,11 @@ class Utterances(dict[str, Utterance]):
         return tokens
 
     def deliver(self, utterance: Utterance, output: UtteranceOutput, resolved: list[int]) -> None:
-        """A step's output: the text comes from the ids it sampled, resolved in the request."""
+        """A step's output, and the ids it sampled, resolved in the request."""
         if utterance.speakers is not None and output.words:
             output.words = utterance.speakers.label(output.words)
-        text = output.text
-        if resolved or output.finished:
-            text += self.runner.detokenize(utterance.state, resolved, output.finished)
         audio_seconds = utterance.num_client_samples / SAMPLE_RATE
-        for event in utterance.output.events(output, text, audio_seconds):
+        for event in utterance.output.events(output, resolved, audio_seconds):
             self.emit(utterance.id, event)
         if output.finished:
             self.end(utterance)

@@ -39,7 +39,7 @@ class Ingest:
         self, buffer: IngestBuffer, samples: np.ndarray, utterance_id: str, arrived_at: float
     ) -> list[AudioItem]:
         pending = np.concatenate([buffer.pending, samples]) if len(buffer.pending) else samples
-        chunk = self.runner.chunk_samples
+        chunk = self.runner.spec.chunk_samples
         items, at = [], 0
         # An item takes its chunk plus the few samples its last frame looks ahead at.
         while len(pending) - at >= chunk + RIGHT_CONTEXT:
@@ -51,7 +51,7 @@ class Ingest:
 
     def flush(self, buffer: IngestBuffer, utterance_id: str, arrived_at: float) -> AudioItem:
         """The final item: what is buffered, or one position of silence, so a final step runs."""
-        hop = self.runner.samples_per_position
+        hop = self.runner.spec.samples_per_position
         chunk = np.zeros(max(hop, -(-len(buffer.pending) // hop) * hop), np.float32)
         chunk[: len(buffer.pending)] = buffer.pending
         buffer.pending = _no_samples()
@@ -68,10 +68,10 @@ class Ingest:
         features = self.feature_cache.get_or_compute(
             content_hash, lambda: self.runner.item_features(chunk, left, right)
         )
-        spp = self.runner.samples_per_position
+        spp = self.runner.spec.samples_per_position
         placeholder = PlaceholderRange(buffer.num_samples // spp, len(chunk) // spp)
         mm_hash = content_hash
-        if self.runner.history_dependent_items:
+        if self.runner.spec.history_dependent_items:
             # Same audio, different past, different encoder output: never shared.
             mm_hash = f"{utterance_id}#{placeholder.offset}:{content_hash}"
         buffer.num_samples += len(chunk)

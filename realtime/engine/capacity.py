@@ -7,7 +7,7 @@ batch of sessions keeps up while its step fits in that period. Whisper steps bac
 back when it has room (the model's busy share of wall time is high at one session), so
 the cost is read per step, not from the busy share, which is reported as a figure.
 
-The cost is projected from full windows only (`ModelRunner.full_window_seconds`): a
+The cost is projected from full windows only (`ModelSpec.full_window_seconds`): a
 Whisper session's first windows are short and cheap, and capacity read from them admitted
 sessions that fell behind once their windows grew, to be shed mid-sentence. Until a full
 window is measured the projection is a prior (timed at load), or what shorter windows cost if that is more
@@ -36,7 +36,7 @@ class CapacityConfig:
     shed_to_busy: float = 0.7
     window_seconds: float = 10.0  # what "lately" means
     # Model seconds a speaking session adds per step until a full window is measured:
-    # `voxrt serve` sets what a dummy full window cost at load (`ModelRunner.full_window_cost`);
+    # `voxrt serve` sets what a dummy full window cost at load (`WhisperRunner.full_window_cost`);
     # else about what tiny.en's (int8) costs on 2 CPU cores, rounded up.
     session_step_prior: float = 0.3
 
