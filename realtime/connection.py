@@ -171,31 +171,33 @@ class Connection:
             # An event that cannot go out: this connection ends with a reason, no other does.
             self.log.exception("connection.send_failed")
             self.metrics.closes.labels(reason="internal_error").inc()
-            self.abort_all()
-            if self.closing is None:
-                self.closing = asyncio.ensure_future(self.close_frame(1011, "internal_error"))
+            self.end(1011, "internal_error")
 
     async def close(self, code: int, reason: str, message: str) -> None:
-        """An error event, the events queued before it, then the close frame. Its utterances
-        leave the engine at once: a shed session's capacity is what shedding is for."""
+        """An error event saying why, the events queued before it, then the close frame."""
         self.metrics.closes.labels(reason=reason).inc()
         self.send_error(reason, message)
+        await asyncio.shield(self.end(code, reason, after_outbox=True))
+
+    def end(self, code: int, reason: str, after_outbox: bool = False) -> asyncio.Future:
+        """The one way a connection closes, once: its utterances leave the engine at once (a
+        shed session's capacity is what shedding is for), then the close frame goes, after
+        the events queued where `after_outbox` (a client that reads nothing takes none)."""
         if self.closing is None:
-            self.closing = asyncio.ensure_future(self._close_after_outbox(code, reason))
+            self.closing = asyncio.ensure_future(self._close(code, reason, after_outbox))
         self.abort_all()
-        await asyncio.shield(self.closing)
+        return self.closing
 
-    async def _close_after_outbox(self, code: int, reason: str) -> None:
-        with contextlib.suppress(asyncio.QueueFull):
-            self.outbox.put_nowait(None)
-        if self.sender is not None:
-            # A sender that died, or a peer that stopped reading, must not hold the close.
-            await asyncio.wait([self.sender], timeout=CLOSE_SECONDS)
-        await self.close_frame(code, reason)
-
-    async def close_frame(self, code: int, reason: str) -> None:
-        """The close frame, waiting at most `CLOSE_SECONDS` for room in the socket: a peer that
-        reads nothing is dropped by the kernel (the listening socket's `TCP_USER_TIMEOUT`)."""
+    async def _close(self, code: int, reason: str, after_outbox: bool) -> None:
+        """The close frame, after the queued events where asked. Each waits at most
+        `CLOSE_SECONDS`: a sender that died, or a peer that stopped reading, must not hold the
+        close, and a peer that reads nothing is dropped by the kernel (the listening socket's
+        `TCP_USER_TIMEOUT`)."""
+        if after_outbox:
+            with contextlib.suppress(asyncio.QueueFull):
+                self.outbox.put_nowait(None)
+            if self.sender is not None:
+                await asyncio.wait([self.sender], timeout=CLOSE_SECONDS)
         self.close_code = self.close_code or code
         try:
             async with asyncio.timeout(CLOSE_SECONDS):
@@ -247,10 +249,7 @@ class Connection:
             self.count_error("slow_consumer", "client is not reading events")
             self.metrics.closes.labels(reason="slow_consumer").inc()
             self.log.warning("connection.slow_consumer", outbox=self.outbox.qsize())
-            self.abort_all()
-            self.closing = asyncio.ensure_future(
-                self.close_frame(1008, "slow_consumer: client is not reading events")
-            )
+            self.end(1008, "slow_consumer: client is not reading events")
 
     def send_error(self, code: str, message: str) -> None:
         """An error event in the wire protocol's shape, counted."""

@@ -300,7 +300,7 @@ class RealtimeServer:
         await asyncio.sleep(0.05)  # let the outboxes hand the last events to the sockets
         # All at once, each bounded: a peer that never answers holds no other close.
         if self.engine.alive:
-            closes = [c.close_frame(1001, "server shutting down") for c in self.connections]
+            closes = [c.end(1001, "server shutting down") for c in self.connections]
         else:
             message = "the engine stopped: the server exits, to be restarted"
             closes = [c.close(1011, "engine_dead", message) for c in self.connections]
