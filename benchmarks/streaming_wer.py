@@ -8,13 +8,15 @@ streams alone through the engine with no real-time pacing, one step per `--step`
 audio (a real-time session's window is decoded about once per 0.5 s alone, and once per 1.2 s
 at 4 sessions, where a step decodes one window of a turn going on); the same model, as `voxrt serve`
 loads it on a CPU, transcribes it offline too. Prints one JSON line: the mean WER of each, scored
-as Whisper's evaluations score English and verbatim (`benchmarks/text.py`).
+as Whisper's evaluations score English and verbatim (`benchmarks/text.py`), and a digest of the
+streamed texts.
 
     .venv/bin/python -m benchmarks.streaming_wer [--speech real] [--passages 6] [--offsets 0,0.25]
         [--step 0.7]
 """
 
 import argparse
+import hashlib
 import json
 from collections.abc import Callable
 
@@ -25,7 +27,7 @@ from benchmarks.real_speech import REFERENCES, recording
 from benchmarks.speech import passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
-from realtime.engine.events import Done, EngineEvent
+from realtime.engine.events import Done, EngineEvent, Failed
 from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
@@ -38,7 +40,7 @@ def streamed_events(
     engine: Engine, audio: np.ndarray, step_samples: int, transcription: Transcription = Transcription()
 ) -> list[tuple[float, EngineEvent]]:
     """`audio` through `engine` with no clock, `step_samples` per step: its events, to `Done`,
-    each with the seconds of audio sent when its step ran."""
+    each with the seconds of audio sent when its step ran; an utterance that fails raises."""
     events: list[tuple[float, EngineEvent]] = []
     sent = 0
     engine.on_events = lambda batch: events.extend((sent / SAMPLE_RATE, event) for _, event in batch)
@@ -48,8 +50,10 @@ def streamed_events(
         sent = min(len(audio), offset + step_samples)
         engine.run_once()
     engine.finish_input("u")
-    while not any(isinstance(e, Done) for _, e in events):
+    while not events or not isinstance(events[-1][1], Done | Failed):
         engine.run_once()
+    if isinstance(failed := events[-1][1], Failed):
+        raise RuntimeError(f"the utterance failed: {failed.code}: {failed.message}")
     return events
 
 
@@ -85,7 +89,6 @@ def main() -> None:
     configure_logging("warning")
     torch.set_num_threads(2)
     model, timing = tiny_en_models()
-    runner = WhisperRunner(model)
     step = round(args.step * SAMPLE_RATE)
     references, texts, offline = {}, {}, {}
     for name, (audio, reference) in clips(args.speech, timing, model, args.passages).items():
@@ -93,7 +96,7 @@ def main() -> None:
             shifted = np.concatenate([np.zeros(round(seconds * SAMPLE_RATE), np.float32), audio])
             key = f"{name}@{seconds}"
             references[key] = reference
-            texts[key] = streamed(Engine(runner), shifted, step).text
+            texts[key] = streamed(Engine(WhisperRunner(model)), shifted, step).text  # a runner per engine
             offline[key] = offline_texts(model, [shifted])[0]
 
     def mean(score: Callable[[str, str], float], texts: dict[str, str]) -> float:
@@ -108,6 +111,8 @@ def main() -> None:
                 "offline_wer": mean(whisper_wer, offline),
                 "streamed_verbatim_wer": mean(word_error_rate, texts),
                 "offline_verbatim_wer": mean(word_error_rate, offline),
+                # What was streamed, to the byte: a change meant to keep behaviour keeps this.
+                "streamed_sha256": hashlib.sha256(json.dumps(texts, sort_keys=True).encode()).hexdigest(),
                 "per_passage": {
                     k: [round(whisper_wer(references[k], each[k]), 3) for each in (texts, offline)]
                     for k in texts
