@@ -19,7 +19,6 @@ SHED_MESSAGE = "the server fell behind real time; the newest sessions are shed f
 class Admission:
     def __init__(self, engine: Engine, metrics: Metrics, connections: set[Connection]):
         self.engine, self.metrics, self.connections = engine, metrics, connections
-        self.max_sessions = engine.config.max_sessions
         self.max_lag_seconds = engine.config.capacity.max_lag_seconds
         # Upgrades admitted and not yet accepted: they hold a seat already.
         self.admitting: set[object] = set()
@@ -30,7 +29,7 @@ class Admission:
         """(sessions held or being admitted, sessions that fit now). A connection holds a seat
         for each utterance it has in the engine (OpenAI's committed turns still decoding), and
         one while it has none."""
-        fit = min(self.max_sessions, self.engine.stats().capacity_sessions)
+        fit = min(self.engine.config.max_sessions, self.engine.stats().capacity_sessions)
         held = sum(max(1, len(c.utterances)) for c in self.connections)
         return held + len(self.admitting), fit
 

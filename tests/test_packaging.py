@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_package_of_the_house_is_installed():
-    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    roots = ["realtime", "voxtral", "scheduler", "cache", "clients", "captions"]
-    found = find_packages(str(ROOT), include=[f"{root}*" for root in roots])
+    tools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    listed = tools["setuptools"]["packages"]
+    found = find_packages(str(ROOT), include=[f"{root}*" for root in tools["importlinter"]["root_packages"]])
     assert sorted(listed) == sorted(found)

@@ -76,10 +76,11 @@ class Utterances(dict[str, Utterance]):
             return
         # Held from here on: whatever fails next, `fail` frees it.
         token_text = self.runner.spec.token_text
-        output = OutputProcessor(token_text=token_text() if token_text else None)
+        output = OutputProcessor(
+            words=[] if asked.word_times or asked.speakers else None,
+            token_text=token_text() if token_text else None,
+        )
         utterance = self[command.utterance_id] = Utterance(request, state, VadStream(command.vad), output)
-        if asked.word_times or asked.speakers:
-            utterance.output.words = []
         if asked.speakers:
             utterance.speakers = SpeakerStream(command.vad)
         self.scheduler.add_request(request)
