@@ -274,6 +274,10 @@ def test_a_handler_paused_by_backpressure_notices_its_socket_closed(whisper_mode
             sock.close()
             wait_until(lambda: not harness.server.connections, 30)  # the engine is still held
             assert harness.metrics()["voxrt_utterances_active"] == 0
+        # A client streaming into the server the vanished one left behind, the engine still
+        # held: once it steps again, this one gets its text.
+        with Bystander(harness, samples[: 16000 * 4]):
+            gate.set()
     finally:
         gate.set()
         harness.stop()
