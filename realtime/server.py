@@ -297,10 +297,10 @@ class RealtimeServer:
         waits = [c.idle.wait() for c in self.connections] + [self.uploads.idle.wait()]
         if self.engine.alive:
             await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=self.config.drain_seconds)
-        await asyncio.sleep(0.05)  # let the outboxes hand the last events to the sockets
-        # All at once, each bounded: a peer that never answers holds no other close.
+        # All at once, each after its queued events and bounded: a peer that never answers
+        # holds no other close.
         if self.engine.alive:
-            closes = [c.end(1001, "server shutting down") for c in self.connections]
+            closes = [c.end(1001, "server shutting down", after_outbox=True) for c in self.connections]
         else:
             message = "the engine stopped: the server exits, to be restarted"
             closes = [c.close(1011, "engine_dead", message) for c in self.connections]

@@ -1,6 +1,7 @@
 """The server over a real socket, driven by the websockets client as any external client would."""
 
 import asyncio
+import io
 import json
 import socket
 import threading
@@ -8,7 +9,9 @@ import time
 import urllib.error
 
 import numpy as np
+import openai
 import pytest
+import soundfile
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from benchmarks.text import word_error_rate
@@ -413,28 +416,54 @@ def test_the_event_loop_answers_while_a_drain_waits_for_the_engine_thread(
         harness.loop.call_soon_threadsafe(harness.loop.stop)
 
 
-def test_a_commit_during_a_drain_starts_no_utterance(whisper_model, welcome):
+def test_a_commit_during_a_drain_starts_no_utterance(whisper_model, welcome, monkeypatch):
     """A drain ends every input. A vLLM client that commits once its utterance is done is told
     the server is draining, and is closed with 1001: no utterance starts to be cut unfinished."""
     harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(drain_seconds=30))
     samples, _ = welcome
     busy, client = harness.connect(), harness.connect()
+    # An upload keeps the drain going: once only it is left in the engine, its steps wait
+    # until the client's commit was answered.
+    answered, submit = threading.Event(), harness.engine.runner.submit
+
+    def submit_after_the_answer(out, states):
+        left = harness.engine.utterances.values()
+        if harness.server.draining and left and all(u.request.priority for u in left):
+            answered.wait()
+        return submit(out, states)
+
+    monkeypatch.setattr(harness.engine.runner, "submit", submit_after_the_answer)
+    sdk = openai.OpenAI(base_url=f"{harness.http}/v1", api_key="unused", max_retries=0)
+    wav = io.BytesIO()
+    soundfile.write(wav, np.tile(samples, 8), 16000, format="WAV", subtype="PCM_16")
+    uploaded = []
+    upload = threading.Thread(
+        target=lambda: uploaded.append(
+            sdk.audio.transcriptions.create(file=("long.wav", wav.getvalue()), model="whisper-1")
+        )
+    )
     try:
-        stream(busy, np.tile(samples, 2), 16000, final=False)  # keeps the drain going a while
+        upload.start()
+        stream(busy, np.tile(samples, 2), 16000, final=False)
         stream(client, samples[:16000], 16000, final=False)
         sent = 1 + 2 * len(samples) / 16000
         wait_until(lambda: harness.metrics()["voxrt_audio_seconds_total"] >= sent - 1e-3, 30)
+        wait_until(lambda: harness.metrics()["voxrt_engine_utterances"] == 3, 30)  # the upload's too
         drain = asyncio.run_coroutine_threadsafe(harness.server.drain_and_stop(), harness.loop)
         events_until(client, "transcription.done")
         client.send(json.dumps({"type": "input_audio_buffer.commit"}))
         error = json.loads(client.recv(timeout=30))
         assert (error["type"], error["code"]) == ("error", "shutting_down"), error
+        answered.set()
         with pytest.raises(ConnectionClosed) as closed:
             client.recv(timeout=60)
         assert closed.value.rcvd.code == 1001
         assert events_until(busy, "transcription.done")[-1]["usage"]["audio_seconds"] > 20
         drain.result(timeout=60)
+        upload.join(timeout=60)
+        assert uploaded and uploaded[0].text, "the upload the drain waited for is whole"
     finally:
+        answered.set()
         harness.loop.call_soon_threadsafe(harness.loop.stop)
 
 
