@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
-from tests.server_harness import append_event, events_until
+from tests.server_harness import append_event, events_until, wait_until
 from tests.test_server_process import start_server
 from tests.voxtral_harness import pcm16_grid, pieces, reference_text, reference_tokens
 
@@ -33,7 +33,7 @@ def test_a_client_gets_generates_transcript_and_a_vanished_one_leaves_nothing(vo
         vanishing = connect(url, open_timeout=10)
         vanishing.recv(timeout=10)
         vanishing.send(append_event(pcm16_grid(np.random.default_rng(0).normal(0, 0.1, 16_000))))
-        time.sleep(0.5)
+        wait_until(lambda: metrics(url)["voxrt_kv_slots_used"] == 1, 30)  # its utterance holds a slot
         vanishing.socket.shutdown(socket.SHUT_RDWR)
         vanishing.socket.close()
 
