@@ -2,6 +2,7 @@
 many from one address, a foreign origin. The well-behaved sessions beside them get their text."""
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import connect
+from websockets.sync.client import ClientConnection, connect
 
 from benchmarks.text import word_error_rate
 from realtime.config import ServerConfig
@@ -46,6 +48,20 @@ def transcribe(server: ServerThread, samples: np.ndarray, chunk: int = 1600) -> 
     with server.connect() as ws:
         stream(ws, samples, chunk)
         return events_until(ws, "transcription.done", timeout=120)[-1]["text"]
+
+
+@contextlib.contextmanager
+def streaming_beside(ws: ClientConnection, samples: np.ndarray) -> Iterator[None]:
+    """A session on `ws` streams half its audio before the block and half after, and must
+    then get its text: what the block's clients did never reached it."""
+    half = len(samples) // 2
+    stream(ws, samples[:half], 1600, final=False)
+    yield
+    for offset in range(half, len(samples), 1600):
+        ws.send(append_event(samples[offset : offset + 1600]))
+    ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+    text = events_until(ws, "transcription.done", timeout=120)[-1]["text"]
+    assert word_error_rate(WELCOME_WORDS, text) <= 0.2, text
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +215,7 @@ def test_an_event_flood_is_closed_while_health_and_a_real_session_carry_on(whisp
         harness.stop()
 
 
-def test_per_address_limit_counts_the_forwarded_client_only_behind_a_trusted_proxy(whisper_model):
+def test_per_address_limit_counts_the_forwarded_client_only_behind_a_trusted_proxy(whisper_model, welcome_4s):
     config = ServerConfig(max_connections_per_ip=2, trusted_proxies=parse_networks("127.0.0.1"))
     harness = ServerThread(WhisperRunner(whisper_model), config, max_sessions=10)
 
@@ -208,13 +224,14 @@ def test_per_address_limit_counts_the_forwarded_client_only_behind_a_trusted_pro
         return harness.connect(additional_headers=headers)
 
     try:
-        first, second = open_as("203.0.113.7"), open_as("10.1.1.1, 203.0.113.7")
-        with pytest.raises(InvalidStatus) as refused:
-            open_as("203.0.113.7")
-        assert refused.value.response.status_code == 429
-        assert json.loads(refused.value.response.body)["code"] == "too_many_connections_from_address"
-        with open_as("198.51.100.9"), open_as(None), open_as(None):  # others are not limited by it
-            pass
+        with open_as("192.0.2.50") as ws, streaming_beside(ws, welcome_4s):
+            first, second = open_as("203.0.113.7"), open_as("10.1.1.1, 203.0.113.7")
+            with pytest.raises(InvalidStatus) as refused:
+                open_as("203.0.113.7")
+            assert refused.value.response.status_code == 429
+            assert json.loads(refused.value.response.body)["code"] == "too_many_connections_from_address"
+            with open_as("198.51.100.9"), open_as(None), open_as(None):  # others are not limited by it
+                pass
         first.close()
         second.close()
 
@@ -242,16 +259,17 @@ def test_per_address_limit_counts_the_forwarded_client_only_behind_a_trusted_pro
         harness.stop()
 
 
-def test_origin_check_refuses_foreign_browsers_only(whisper_model):
+def test_origin_check_refuses_foreign_browsers_only(whisper_model, welcome_4s):
     config = ServerConfig(allowed_origins=["https://app.example"])
     harness = ServerThread(WhisperRunner(whisper_model), config, max_sessions=4)
     try:
-        with pytest.raises(InvalidStatus) as refused:
-            harness.connect(origin="https://evil.example")
-        assert refused.value.response.status_code == 403
-        assert json.loads(refused.value.response.body)["code"] == "origin_not_allowed"
-        harness.connect(origin="https://app.example").close()
-        harness.connect().close()  # no Origin: not a browser, the API key's business
+        with harness.connect(origin="https://app.example") as ws, streaming_beside(ws, welcome_4s):
+            with pytest.raises(InvalidStatus) as refused:
+                harness.connect(origin="https://evil.example")
+            assert refused.value.response.status_code == 403
+            assert json.loads(refused.value.response.body)["code"] == "origin_not_allowed"
+            harness.connect(origin="https://app.example").close()
+            harness.connect().close()  # no Origin: not a browser, the API key's business
         assert harness.metrics()["voxrt_errors_total{code=origin_not_allowed}"] == 1
     finally:
         harness.stop()
