@@ -4,14 +4,19 @@ A batch of sessions is decoded together, so a linear layer must give a row the s
 whatever rows sit beside it: a session's words must not depend on its neighbours'. torch's
 dynamic int8 linear quantizes a batch's activations with one scale (the loudest row sets
 every row's); fbgemm's float16-weight kernel quantizes nothing at run time and sums each row
-in the same order whatever the batch's size or the threads, bit for bit
-(`tests/test_whisper_decoding.py`). It is also the fastest of them on a CPU for a few rows:
-the vocabulary projection of one token takes a third of the time the same product does with
+in the same order whatever the batch's size, bit for bit (`tests/test_whisper_decoding.py`),
+given the rows its AVX2 kernels need (`ROWS_PER_CALL`). It is also the fastest of them on a CPU
+for a few rows: the vocabulary projection of one token takes a third of the time the same product does with
 int8 weights and int8 activations per token (`torch._int_mm`), and no more than float32's.
 """
 
 import torch
 from torch import nn
+
+# fbgemm splits a call's rows among kernels of 1 to 6 rows. On AVX2 the kernels of one and two
+# rows sum in another order than those of three to six, so a row's values would depend on how
+# many rows came with it; a multiple of three rows never reaches them. AVX-512's all agree.
+ROWS_PER_CALL = 3 if torch.backends.cpu.get_cpu_capability() == "AVX2" else 1
 
 
 def available() -> bool:
@@ -30,7 +35,11 @@ class HalfWeightLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features), self.packed)
+        rows = x.reshape(-1, self.in_features)
+        count = rows.shape[0]
+        if short := -count % ROWS_PER_CALL:
+            rows = torch.cat([rows, rows.new_zeros(short, self.in_features)])
+        out = torch.ops.quantized.linear_dynamic_fp16(rows, self.packed)[:count]
         return out.view(*x.shape[:-1], self.out_features)
 
 
