@@ -8,10 +8,20 @@ in the same order whatever the batch's size, bit for bit (`tests/test_whisper_de
 given the rows its AVX2 kernels need (`ROWS_PER_CALL`). It is also the fastest of them on a CPU
 for a few rows: the vocabulary projection of one token takes a third of the time the same product does with
 int8 weights and int8 activations per token (`torch._int_mm`), and no more than float32's.
+
+The kernel is called through torch's ATen op, whose packed weight is a tensor: the same kernel
+through `torch.ops.quantized`, whose packed weight is a TorchScript object, costs 20-40 µs more
+a call to dispatch from Python, and a token's pass makes 32 of these calls.
 """
+
+import warnings
 
 import torch
 from torch import nn
+
+# torch marks the ATen op deprecated (for torchao, which is not a dependency); torch is pinned,
+# and the tests hold its products to float32 products of the rounded weights.
+warnings.filterwarnings("ignore", message="fbgemm_(pack_gemm_matrix|linear)_fp16.* is deprecated")
 
 # fbgemm splits a call's rows among kernels of 1 to 6 rows. On AVX2 the kernels of one and two
 # rows sum in another order than those of three to six, so a row's values would depend on how
@@ -29,9 +39,8 @@ class HalfWeightLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        weight = linear.weight.detach().float()
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+        self.packed = torch.fbgemm_pack_gemm_matrix_fp16(linear.weight.detach().float())
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,7 +48,7 @@ class HalfWeightLinear(nn.Module):
         count = rows.shape[0]
         if short := -count % ROWS_PER_CALL:
             rows = torch.cat([rows, rows.new_zeros(short, self.in_features)])
-        out = torch.ops.quantized.linear_dynamic_fp16(rows, self.packed)[:count]
+        out = torch.fbgemm_linear_fp16_weight_fp32_activation(rows, self.packed, self.bias)[:count]
         return out.view(*x.shape[:-1], self.out_features)
 
 
