@@ -94,9 +94,9 @@ def test_a_half_weight_linear_computes_each_row_on_its_own():
     half = HalfWeightLinear(linear)
     rows = torch.randn(37, 384)
     together = half(rows)
-    for count in range(1, 37):  # every way the kernel splits a call's rows among its kernels
-        assert torch.equal(half(rows[:count]), together[:count]), count
-    assert torch.equal(half(rows[3:5]), together[3:5])
+    # Every way the kernel splits a call's rows among its kernels, and rows from within a batch.
+    for part in (*(slice(0, count) for count in range(1, 37)), slice(3, 5), slice(10, 37)):
+        assert torch.equal(half(rows[part]), together[part]), part
     rounded = torch.nn.functional.linear(rows, linear.weight.half().float(), linear.bias)
     assert torch.allclose(together, rounded, atol=1e-5)
     assert not torch.allclose(together, linear(rows), atol=1e-6)  # the weights were rounded
