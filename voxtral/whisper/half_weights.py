@@ -6,8 +6,9 @@ dynamic int8 linear quantizes a batch's activations with one scale (the loudest 
 every row's); fbgemm's float16-weight kernel quantizes nothing at run time and sums each row
 in the same order whatever the batch's size, bit for bit (`tests/test_whisper_decoding.py`),
 given the rows its AVX2 kernels need (`ROWS_PER_CALL`). It is also the fastest of them on a CPU
-for a few rows: the vocabulary projection of one token takes a third of the time the same product does with
-int8 weights and int8 activations per token (`torch._int_mm`), and no more than float32's.
+for a few rows: the vocabulary projection of one token takes a third of the time the same
+product does with int8 weights and int8 activations per token (`torch._int_mm`), and no more
+than float32's.
 
 The kernel is called through torch's ATen op, whose packed weight is a tensor: the same kernel
 through `torch.ops.quantized`, whose packed weight is a TorchScript object, costs 20-40 µs more
@@ -46,8 +47,7 @@ class HalfWeightLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         count = rows.shape[0]
-        if short := -count % ROWS_PER_CALL:
-            rows = torch.cat([rows, rows.new_zeros(short, self.in_features)])
+        rows = nn.functional.pad(rows, (0, 0, 0, -count % ROWS_PER_CALL))  # zero rows
         out = torch.fbgemm_linear_fp16_weight_fp32_activation(rows, self.packed, self.bias)[:count]
         return out.view(*x.shape[:-1], self.out_features)
 
