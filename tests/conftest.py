@@ -100,3 +100,20 @@ def voxtral_dirs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("voxtral")
     return {name: build_tiny_voxtral(root / name, spec) for name, spec in SPECS.items()}
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    """Where a Voxtral test runs its engine and transformers' reference: the CPU always, and
+    CUDA where there is one (`pytest -m gpu` runs only those)."""
+    if request.param == "cpu":
+        yield "cpu"
+        return
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    # float32 is then float32 on both sides: cuDNN would round convolutions through TF32, and
+    # the engine's streamed convolutions and `generate`'s whole ones would round differently.
+    was = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield "cuda"
+    torch.backends.cudnn.allow_tf32 = was

@@ -47,10 +47,10 @@ def assert_nothing_held(engine) -> None:
     assert engine.runner.num_slots_in_use == 0
 
 
-def test_abort_mid_stream_frees_everything_and_the_other_session_is_unaffected(voxtral_dirs):
+def test_abort_mid_stream_frees_everything_and_the_other_session_is_unaffected(voxtral_dirs, device):
     path = voxtral_dirs["base"]
     kept_audio = noise(3.0, seed=1)
-    engine = voxtral_engine(path, max_sessions=2)
+    engine = voxtral_engine(path, max_sessions=2, device=device)
     kept = Feed(pieces(kept_audio, "80ms"))
     aborted = Feed(pieces(noise(4.0, seed=2), "80ms"))
     feeds = {"kept": kept, "aborted": aborted}
@@ -69,7 +69,7 @@ def test_abort_mid_stream_frees_everything_and_the_other_session_is_unaffected(v
     engine.abort("aborted")
     del feeds["aborted"]
     drive(engine, feeds)
-    assert kept.request.output_token_ids == reference_tokens(path, kept_audio)
+    assert kept.request.output_token_ids == reference_tokens(path, kept_audio, device=device)
     gc.collect()
     assert aborted_request() is None, "the aborted timeline (items, features) is still held"
     assert_nothing_held(engine)
@@ -181,10 +181,10 @@ def ended(events: list) -> bool:
 
 
 def test_a_failed_device_step_fails_its_sessions_frees_them_and_the_engine_carries_on(
-    voxtral_dirs, monkeypatch
+    voxtral_dirs, monkeypatch, device
 ):
     path = voxtral_dirs["base"]
-    engine = voxtral_engine(path, max_sessions=2)
+    engine = voxtral_engine(path, max_sessions=2, device=device)
     model = engine.runner.model
     real_decode = model.decode
     calls = {"n": 0}
@@ -215,7 +215,7 @@ def test_a_failed_device_step_fails_its_sessions_frees_them_and_the_engine_carri
     finally:
         engine.stop()
     assert isinstance(events["after"][-1], Done)
-    assert events["after"][-1].text == reference_text(path, reference_tokens(path, audio))
+    assert events["after"][-1].text == reference_text(path, reference_tokens(path, audio, device=device))
     assert_nothing_held(engine)
 
 

@@ -1,8 +1,8 @@
 """Voxtral Realtime through the engine equals transformers' `generate` on the whole recording.
 
-float32 on the CPU, token for token: 3 checkpoints x 3 signals x 3 chunkings, then 8
-sessions batched together with staggered starts, then end-of-stream mid-recording; and
-bfloat16 from the same features, two sessions batched.
+float32, token for token: 3 checkpoints x 3 signals x 3 chunkings, then 8 sessions batched
+together with staggered starts, then end-of-stream mid-recording; and bfloat16 from the same
+features, two sessions batched. Each on the CPU, and on CUDA where there is one (`device`).
 """
 
 import numpy as np
@@ -45,12 +45,12 @@ def assert_varied(tokens: list[int]) -> None:
 
 @pytest.mark.parametrize("checkpoint", sorted(SPECS))
 @pytest.mark.parametrize("kind", ["speech", "silence", "noise"])
-def test_engine_tokens_equal_generate(voxtral_dirs, welcome, checkpoint, kind):
+def test_engine_tokens_equal_generate(voxtral_dirs, welcome, checkpoint, kind, device):
     path = voxtral_dirs[checkpoint]
     audio = signal(kind, welcome[0])
-    expected = reference_tokens(path, audio)
+    expected = reference_tokens(path, audio, device=device)
     assert_varied(expected)
-    engine = voxtral_engine(path, max_sessions=3)
+    engine = voxtral_engine(path, max_sessions=3, device=device)
     feeds = {chunking: Feed(pieces(audio, chunking, seed=7)) for chunking in ("whole", "80ms", "random")}
     for chunking, feed in feeds.items():
         drive(engine, {chunking: feed})
@@ -58,12 +58,12 @@ def test_engine_tokens_equal_generate(voxtral_dirs, welcome, checkpoint, kind):
         assert feed.text == feed.events[-1].text == reference_text(path, expected), chunking
 
 
-def test_eight_staggered_sessions_get_exactly_their_solo_tokens(voxtral_dirs, welcome):
+def test_eight_staggered_sessions_get_exactly_their_solo_tokens(voxtral_dirs, welcome, device):
     path = voxtral_dirs["base"]
     kinds = ["speech", "noise", "speech", "silence", "noise", "speech", "noise", "speech"]
     audios = [signal(kind, welcome[0], seed=i) for i, kind in enumerate(kinds)]
     chunkings = ["random", "80ms", "whole", "random", "80ms", "random", "whole", "80ms"]
-    engine = voxtral_engine(path, max_sessions=8)
+    engine = voxtral_engine(path, max_sessions=8, device=device)
     solo = {}
     for i, audio in enumerate(audios):
         feed = Feed(pieces(audio, "80ms"))
@@ -75,17 +75,17 @@ def test_eight_staggered_sessions_get_exactly_their_solo_tokens(voxtral_dirs, we
     drive(engine, feeds)
     for i in range(len(audios)):
         assert feeds[f"s{i}"].request.output_token_ids == solo[i], i
-    assert solo[0] == reference_tokens(path, audios[0])
+    assert solo[0] == reference_tokens(path, audios[0], device=device)
 
 
-def test_end_of_stream_token_ends_the_session_as_generate_stops(voxtral_dirs, welcome):
+def test_end_of_stream_token_ends_the_session_as_generate_stops(voxtral_dirs, welcome, device):
     path = voxtral_dirs["fast_frames"]
     audio = signal("speech", welcome[0], seed=2)
-    full = reference_tokens(path, audio)
+    full = reference_tokens(path, audio, device=device)
     eos = full[len(full) // 2]  # pretend a token mid-way is end-of-stream
-    expected = reference_tokens(path, audio, eos_token_id=eos)
+    expected = reference_tokens(path, audio, eos_token_id=eos, device=device)
     assert expected[-1] == eos and len(expected) < len(full)
-    engine = voxtral_engine(path, max_sessions=1)
+    engine = voxtral_engine(path, max_sessions=1, device=device)
     engine.runner.model.eos_id = eos
     feed = Feed(pieces(audio, "80ms"))
     drive(engine, {"s": feed})
@@ -93,7 +93,7 @@ def test_end_of_stream_token_ends_the_session_as_generate_stops(voxtral_dirs, we
     assert feed.events[-1].text == reference_text(path, expected)
 
 
-def test_bfloat16_engine_tokens_are_transformers_choices_on_their_own_history(tmp_path, welcome):
+def test_bfloat16_engine_tokens_are_transformers_choices_on_their_own_history(tmp_path, welcome, device):
     """bfloat16 rounds a batched ring-buffer step differently from transformers' forward pass,
     and a random network turns some near-ties into other tokens, after which the histories
     part. So each engine token is judged by transformers' forward pass over the same features
@@ -101,7 +101,7 @@ def test_bfloat16_engine_tokens_are_transformers_choices_on_their_own_history(tm
     path = build_tiny_voxtral(tmp_path / "bf16", BFLOAT16_SPEC)
     assert reference_model(path)[0].dtype == torch.bfloat16  # written, and judged, in bfloat16
     audios = {"speech": signal("speech", welcome[0], seed=1), "noise": signal("noise", welcome[0], seed=1)}
-    engine = voxtral_engine(path, max_sessions=2, dtype="bfloat16")
+    engine = voxtral_engine(path, max_sessions=2, dtype="bfloat16", device=device)
     feeds = {
         "speech": Feed(pieces(audios["speech"], "random", seed=3)),
         "noise": Feed(pieces(audios["noise"], "80ms")),
@@ -110,7 +110,7 @@ def test_bfloat16_engine_tokens_are_transformers_choices_on_their_own_history(tm
     for name, feed in feeds.items():
         tokens = feed.request.output_token_ids
         assert_varied(tokens)
-        logits = teacher_forced_logits(path, audios[name], tokens)
+        logits = teacher_forced_logits(path, audios[name], tokens, device=device)
         gap = choice_gaps(logits, tokens)
         assert (gap == 0).float().mean() >= 0.85, name
         assert gap.max() < 0.2, name  # near-ties: measured 0.04; the median top-2 margin is ~0.2

@@ -70,8 +70,8 @@ def pcm16_grid(samples: np.ndarray) -> np.ndarray:
 
 
 @cache
-def reference_model(path: Path, dtype: str = "auto"):
-    model = VoxtralRealtimeForConditionalGeneration.from_pretrained(path, dtype=dtype)
+def reference_model(path: Path, dtype: str = "auto", device: str = "cpu"):
+    model = VoxtralRealtimeForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device)
     return model, AutoProcessor.from_pretrained(path)
 
 
@@ -82,6 +82,7 @@ def reference_tokens(
     eos_token_id: int | None = None,
     engine_features: bool = False,
     dtype: str = "auto",
+    device: str = "cpu",
 ) -> list[int]:
     """transformers' own greedy transcription of the whole recording.
 
@@ -89,15 +90,16 @@ def reference_tokens(
     same padded recording. The two differ by float32 rounding (test_item_features_equal_the_
     feature_extractor), and in bfloat16 that alone can flip a random model's token, so
     bfloat16 comparisons start both sides from the same features and test all that follows.
-    `dtype` "auto" is the checkpoint's own.
+    `dtype` "auto" is the checkpoint's own; `device` where `generate` runs.
     """
-    model, processor = reference_model(path, dtype)
+    model, processor = reference_model(path, dtype, device)
     inputs = processor(audio, return_tensors="pt")
     if engine_features:
         ours = engine_log_mel(processor, audio)
         assert ours.shape == inputs["input_features"].shape
         inputs["input_features"] = ours
     inputs["input_features"] = inputs["input_features"].to(model.dtype)  # features come as float32
+    inputs = inputs.to(device)
     kwargs = {} if eos_token_id is None else {"eos_token_id": eos_token_id}
     with torch.no_grad():
         out = model.generate(**inputs, do_sample=False, **kwargs)
@@ -105,22 +107,22 @@ def reference_tokens(
 
 
 def teacher_forced_logits(
-    path: Path, audio: np.ndarray, tokens: list[int], dtype: str = "auto"
+    path: Path, audio: np.ndarray, tokens: list[int], dtype: str = "auto", device: str = "cpu"
 ) -> torch.Tensor:
     """(len(tokens), vocab) logits of one forward pass over the whole recording with `tokens`
-    fed back: every position's choice judged on the engine's own history."""
-    model, processor = reference_model(path, dtype)
+    fed back: every position's choice judged on the engine's own history; returned on the CPU."""
+    model, processor = reference_model(path, dtype, device)
     inputs = processor(audio, return_tensors="pt")
     prompt = inputs["input_ids"].shape[1]
     ids = torch.cat([inputs["input_ids"], torch.tensor([tokens[:-1]])], dim=1)
     features = engine_log_mel(processor, audio)[..., : ids.shape[1] * model.config.audio_length_per_tok]
     with torch.no_grad():
         out = model(
-            input_ids=ids,
-            input_features=features.to(model.dtype),
+            input_ids=ids.to(device),
+            input_features=features.to(device, model.dtype),
             num_delay_tokens=inputs["num_delay_tokens"],
         )
-    return out.logits[0, prompt - 1 :].float()
+    return out.logits[0, prompt - 1 :].float().cpu()
 
 
 def choice_gaps(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
@@ -200,6 +202,6 @@ def wait_for_release(engine: Engine, seconds: float = 30) -> None:
         time.sleep(0.01)
 
 
-def voxtral_engine(path: Path, max_sessions: int = 8, dtype: str = "float32") -> Engine:
-    loaded = load_model(str(path), "cpu", dtype, max_sessions=max_sessions)
+def voxtral_engine(path: Path, max_sessions: int = 8, dtype: str = "float32", device: str = "cpu") -> Engine:
+    loaded = load_model(str(path), device, dtype, max_sessions=max_sessions)
     return Engine(loaded.runner, EngineConfig(max_sessions=max_sessions))
