@@ -75,7 +75,8 @@ def run_engine(path: Path, audio: np.ndarray, sessions: int, device: str, in_fli
 
 
 def baseline_session(model, processor, audio: np.ndarray) -> tuple[int, list[int]]:
-    """Decoder positions run and the tokens generated, for one session."""
+    """Decoder positions run and the tokens generated, for one session, on the model's device."""
+    device, dtype = model.device, model.dtype
     per_token = processor.raw_audio_length_per_tok
     audio = np.pad(audio, (0, processor.num_right_pad_tokens * per_token))
     first = processor(
@@ -86,20 +87,20 @@ def baseline_session(model, processor, audio: np.ndarray) -> tuple[int, list[int
     )
 
     def features():
-        yield first.input_features
+        yield first.input_features.to(device, dtype)
         hop = processor.feature_extractor.hop_length
         start = processor.num_mel_frames_first_audio_chunk * hop - processor.feature_extractor.win_length // 2
         while start + processor.num_samples_per_audio_chunk <= len(audio):
             chunk = audio[start : start + processor.num_samples_per_audio_chunk]
             yield processor(
                 chunk, is_streaming=True, is_first_audio_chunk=False, return_tensors="pt"
-            ).input_features
+            ).input_features.to(device, dtype)
             start += per_token
 
     with torch.no_grad():
         out = model.generate(
-            input_ids=first.input_ids,
-            attention_mask=first.attention_mask,
+            input_ids=first.input_ids.to(device),
+            attention_mask=first.attention_mask.to(device),
             input_features=features(),
             num_delay_tokens=first.num_delay_tokens,
             do_sample=False,
@@ -108,8 +109,10 @@ def baseline_session(model, processor, audio: np.ndarray) -> tuple[int, list[int
     return out.shape[1] - 1, out[0, first.input_ids.shape[1] :].tolist()
 
 
-def run_baseline(path: Path, audio: np.ndarray, sessions: int) -> dict:
-    model = VoxtralRealtimeForConditionalGeneration.from_pretrained(path).eval()
+def run_baseline(
+    path: Path, audio: np.ndarray, sessions: int, device: str = "cpu", dtype: str = "auto"
+) -> dict:
+    model = VoxtralRealtimeForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
     processor = AutoProcessor.from_pretrained(path)
     started = time.perf_counter()
     outputs = [baseline_session(model, processor, audio) for _ in range(sessions)]

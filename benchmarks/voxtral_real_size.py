@@ -16,6 +16,7 @@ bytes a step reads against this machine's measured memory bandwidth: the least t
 can take when reading weights is the bottleneck.
 
     .venv/bin/python -m benchmarks.voxtral_real_size [--dtype bfloat16] [--sessions 2] [--seconds 2]
+        [--device cuda]
 
 float32 needs 17.7 GB for the weights per process: on a 24 GB machine, `--sessions 1`.
 """
@@ -47,10 +48,10 @@ def build(path: Path) -> None:
     build_tiny_voxtral(path, REAL_SIZE)
 
 
-def run_engine(path: Path, audios: list[np.ndarray], threads: int, dtype: str) -> dict:
+def run_engine(path: Path, audios: list[np.ndarray], threads: int, dtype: str, device: str) -> dict:
     configure_logging("warning")
     torch.set_num_threads(threads)
-    loaded = load_model(str(path), "cpu", dtype, max_sessions=len(audios))
+    loaded = load_model(str(path), device, dtype, max_sessions=len(audios))
     model = loaded.runner.model
     engine = Engine(loaded.runner, EngineConfig(max_sessions=len(audios)))
     steps: list[tuple[float, int]] = []
@@ -76,14 +77,21 @@ def run_engine(path: Path, audios: list[np.ndarray], threads: int, dtype: str) -
 
 
 def run_reference(
-    path: Path, audios: list[np.ndarray], engine_tokens: list[list[int]], threads: int, dtype: str
+    path: Path,
+    audios: list[np.ndarray],
+    engine_tokens: list[list[int]],
+    threads: int,
+    dtype: str,
+    device: str,
 ) -> dict:
     configure_logging("warning")
     torch.set_num_threads(threads)
-    tokens = [reference_tokens(path, audio, engine_features=True, dtype=dtype) for audio in audios]
+    tokens = [
+        reference_tokens(path, audio, engine_features=True, dtype=dtype, device=device) for audio in audios
+    ]
     agree, gaps, disagreements = 0, [0.0], []
     for session, (audio, ours) in enumerate(zip(audios, engine_tokens, strict=True)):
-        logits = teacher_forced_logits(path, audio, ours, dtype)
+        logits = teacher_forced_logits(path, audio, ours, dtype, device)
         # Agreement is the forward pass's argmax, as `generate` picks: a tie picks the lower id.
         picked, gap = logits.argmax(-1), choice_gaps(logits, ours)
         differs = picked != torch.tensor(ours)
@@ -103,7 +111,7 @@ def run_reference(
     # transformers against itself: its one-pass forward over generate's own tokens. Where
     # rounding decides near-ties, the two disagree as well; this is the bar for the engine.
     self_agree = sum(
-        int((teacher_forced_logits(path, audio, own, dtype).argmax(-1) == torch.tensor(own)).sum())
+        int((teacher_forced_logits(path, audio, own, dtype, device).argmax(-1) == torch.tensor(own)).sum())
         for audio, own in zip(audios, tokens, strict=True)
     )
     return {
@@ -116,14 +124,14 @@ def run_reference(
     }
 
 
-def memory_bandwidth_gb_s(threads: int) -> float:
+def memory_bandwidth_gb_s(threads: int, device: str) -> float:
     """Best of 5 reads of a 1 GiB tensor (a sum: one pass, nothing written)."""
     torch.set_num_threads(threads)
-    data = torch.ones(2**28, dtype=torch.float32)
+    data = torch.ones(2**28, dtype=torch.float32, device=device)
     best = float("inf")
     for _ in range(5):
         started = time.perf_counter()
-        data.sum()
+        data.sum().item()  # .item(): the read is done
         best = min(best, time.perf_counter() - started)
     return data.nbytes / best / 1e9
 
@@ -135,6 +143,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=2)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     each = int(args.seconds * 16_000)
     audio = speech(args.sessions * args.seconds)
@@ -143,15 +152,17 @@ def main() -> None:
         started = time.perf_counter()
         isolated(build, args.checkpoint)
         print(f"built {args.checkpoint} in {time.perf_counter() - started:.0f} s", flush=True)
-    engine = isolated(run_engine, args.checkpoint, audios, args.threads, args.dtype)
+    engine = isolated(run_engine, args.checkpoint, audios, args.threads, args.dtype, args.device)
     ours = engine.pop("tokens")
     together = ours[str(args.sessions)]
-    reference = isolated(run_reference, args.checkpoint, audios, together, args.threads, args.dtype)
-    bandwidth = isolated(memory_bandwidth_gb_s, args.threads)
+    reference = isolated(
+        run_reference, args.checkpoint, audios, together, args.threads, args.dtype, args.device
+    )
+    bandwidth = isolated(memory_bandwidth_gb_s, args.threads, args.device)
     expected = reference["tokens"]
     weight_bytes = engine.pop("weight_bytes")
     result = {
-        "device": "cpu",
+        "device": args.device,
         "dtype": args.dtype,
         "threads": args.threads,
         "sessions": args.sessions,
