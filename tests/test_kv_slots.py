@@ -22,9 +22,9 @@ def test_a_real_size_slot_takes_a_gigabyte_and_the_default_sessions_do_not_fit_a
         text.num_hidden_layers, text.num_key_value_heads, text.head_dim, text.sliding_window, PROMPT
     )
     per_slot = audio_ring.slot_bytes(torch.bfloat16) + text_ring.slot_bytes(torch.bfloat16)
-    # Plain reference: 26 layers x (K, V) x 8 heads x (8192 + 38) cells x 128 x 2 bytes, and the
-    # encoder's 32 x 2 x 32 x (750 + 155) x 64 x 2, plus one int64 position per cell.
-    assert per_slot == 26 * 2 * 8 * 8230 * 128 * 2 + 32 * 2 * 32 * 905 * 64 * 2 + (8230 + 905) * 8
+    # Plain reference: 26 layers x (K, V) x 8 heads x (8192 + 38 + 1 spare) cells x 128 x 2 bytes,
+    # and the encoder's 32 x 2 x 32 x (750 + 155 + 1) x 64 x 2, plus one int64 position per cell.
+    assert per_slot == 26 * 2 * 8 * 8231 * 128 * 2 + 32 * 2 * 32 * 906 * 64 * 2 + (8231 + 906) * 8
     assert 1.0e9 < per_slot < 1.2e9
     free = 70 * 2**30  # an 80 GB GPU holding the 8.8 GB of weights
     assert slots_that_fit(64, per_slot, free) == int(free * RING_SHARE) // per_slot < 64

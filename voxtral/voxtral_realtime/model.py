@@ -123,12 +123,19 @@ class VoxtralModel:
         """
         batch = torch.arange(len(frames.lengths), device=self.device)
         num_mel = frames.lengths * 2
-        x = torch.cat([self.conv1_state[frames.slots], mels.to(self.dtype)], dim=2)
+        carried1, carried2 = self.conv1_state[frames.slots], self.conv2_state[frames.slots]
+        x = torch.cat([carried1, mels.to(self.dtype)], dim=2)
         conv1_state = x[batch[:, None], :, num_mel[:, None] + torch.arange(2, device=self.device)].mT
         conv1, conv2 = self.encoder.embedder.conv1, self.encoder.embedder.conv2
         h = F.gelu(F.conv1d(x, conv1.weight, conv1.bias))
-        h = torch.cat([self.conv2_state[frames.slots], h], dim=2)
+        h = torch.cat([carried2, h], dim=2)
         conv2_state = h[batch, :, num_mel][:, :, None]
+        if frames.active is not None:  # a steady step's idle rows keep the states they carry
+            runs = frames.active[:, None, None]
+            conv1_state, conv2_state = (
+                torch.where(runs, conv1_state, carried1),
+                torch.where(runs, conv2_state, carried2),
+            )
         h = F.gelu(F.conv1d(h, conv2.weight, conv2.bias, stride=2)).transpose(1, 2)
         h = self._layers(self.encoder, self.audio_kv, frames, h, ada_scales=None)
         h = self.encoder.norm(h).reshape(h.shape[0], -1, h.shape[2] * self.downsample)
@@ -148,6 +155,8 @@ class VoxtralModel:
         h = self._layers(self.language_model, self.text_kv, rows, h, self._ada_scales)
         last = self.language_model.norm(h[torch.arange(h.shape[0], device=self.device), rows.lengths - 1])
         tokens = self.model.lm_head(last).argmax(dim=-1)
+        if rows.active is not None:  # a steady step's idle rows keep the token they feed back
+            tokens = torch.where(rows.active, tokens, self.last_token[rows.slots])
         self.last_token[rows.slots] = tokens
         return tokens
 

@@ -26,6 +26,7 @@ from voxtral.runner import ModelSpec, StepResult, Transcription, UtteranceOutput
 from voxtral.voxtral_realtime.detokenizer import Detokenizer
 from voxtral.voxtral_realtime.model import VoxtralModel
 from voxtral.voxtral_realtime.sliding_kv import Rows
+from voxtral.voxtral_realtime.steady import SteadyRunner, SteadyStep, steady_step
 
 
 @dataclass
@@ -63,6 +64,7 @@ class _Step:
     final: list[bool]
     ends_turn: list[bool]  # the row's token is the last of a turn the VAD ended
     arrived_at: list[float]  # arrival of the audio of each row's last position
+    steady: SteadyStep | None  # set when every row encodes and decodes one position
 
 
 class VoxtralRunner:
@@ -93,6 +95,9 @@ class VoxtralRunner:
         # front, so a step's rows are usually a contiguous run of slots and attention reads
         # the rings in place.
         self._free_slots = list(range(model.num_slots))
+        # Worker-side: steady steps, and the audio embeddings of the one running.
+        self.steady = SteadyRunner(model)
+        self._steady_embeds: torch.Tensor | None = None
 
     @property
     def num_slots_in_use(self) -> int:
@@ -209,6 +214,31 @@ class VoxtralRunner:
                 for s, state in zip(scheduled, step_states, strict=True)
             ],
             arrived_at=[s.request.item(s.item_hi - 1).arrived_at for s in scheduled],
+            steady=self._steady(slots, starts, lengths, runs, step_states, decode_starts, decode_lengths),
+        )
+
+    def _steady(
+        self,
+        encode_slots: list[int],
+        encode_starts: list[int],
+        encode_lengths: list[int],
+        runs: list[list[AudioItem]],
+        states: list[VoxtralStream],
+        decode_starts: list[int],
+        decode_lengths: list[int],
+    ) -> SteadyStep | None:
+        """The step as a steady one, if every row encodes the item of the one position it decodes."""
+        frames = self.model.downsample
+        if (
+            not encode_slots
+            or encode_slots != [state.slot for state in states]
+            or any(length != 1 for length in decode_lengths)
+            or any(length != frames for length in encode_lengths)
+            or any(e != d * frames for e, d in zip(encode_starts, decode_starts, strict=True))
+        ):
+            return None
+        return steady_step(
+            self.model, encode_slots, decode_starts, [items[0].features.numpy() for items in runs]
         )
 
     def _batch_features(self, runs: list[list[AudioItem]]) -> torch.Tensor:
@@ -228,6 +258,7 @@ class VoxtralRunner:
 
     def _run(self, step: _Step) -> StepResult:
         started = time.perf_counter()
+        self._steady_embeds = None
         for mm_hash in step.freed:
             self.store.pop(mm_hash, None)
         if step.new_slots:
@@ -263,6 +294,12 @@ class VoxtralRunner:
 
     def _encode(self, step: _Step, rows: list[int]) -> list[None]:
         """The audio embeddings of encode rows `rows`, into the store."""
+        if step.steady is not None and len(rows) == len(step.encode_ids):
+            # Kept for the store and the decode: a graph's own output is overwritten by its next replay.
+            embeds = self._steady_embeds = self.steady.encode(step.steady).clone()
+            for i in rows:
+                self.store[step.encode_hashes[i][0]] = embeds[step.encode_slots[i], 0]
+            return [None] * len(rows)
         if len(rows) == len(step.encode_ids):
             frames, mels = step.encode_frames, step.encode_mels
         else:
@@ -281,6 +318,9 @@ class VoxtralRunner:
 
     def _decode(self, step: _Step, rows: list[int]) -> list[int]:
         """The token sampled after each of decode rows `rows`."""
+        if step.steady is not None and len(rows) == len(step.states) and self._steady_embeds is not None:
+            tokens = self.steady.decode(step.steady, self._steady_embeds).tolist()
+            return [tokens[step.states[i].slot] for i in rows]
         if len(rows) == len(step.states):
             positions = step.decode_rows
         else:

@@ -7,6 +7,10 @@ number of slots: it does not grow with an utterance's length or with utterances 
 A step writes its new keys into the ring first and then attends over the ring alone
 (no concatenation). That is safe because the ring has `window + max_step - 1` cells:
 the keys a step overwrites are older than anything its earliest query still sees.
+
+A steady step (`Rows.steady`) runs a fixed batch, slots 0..B-1 one position each, so that its
+shapes repeat and a CUDA graph can replay it; a slot idle in it writes to a spare cell past
+the ring, which no query reads, and keeps the state it carries.
 """
 
 from dataclasses import dataclass
@@ -28,8 +32,9 @@ class Rows:
     lengths: torch.Tensor  # (B,)
     flat_rows: torch.Tensor  # (N,) row of each real entry
     flat_cols: torch.Tensor  # (N,) column of each real entry
-    end: int  # 1 + the largest real position: how much of a young ring is in use
+    end: int  # at least 1 + the largest real position: how much of a young ring is in use
     first_slot: int | None  # set when the rows' slots are first_slot, first_slot + 1, ...: no gather
+    active: torch.Tensor | None = None  # (B,) a steady step's rows that run; None: every row
 
     @classmethod
     def build(cls, slots: list[int], starts: list[int], lengths: list[int], device: torch.device) -> "Rows":
@@ -49,6 +54,25 @@ class Rows:
         tensors = (torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)
         return cls(*tensors, end=end, first_slot=slots[0] if contiguous else None)
 
+    @classmethod
+    def steady(cls, starts: torch.Tensor, active: torch.Tensor, per_row: int, end: int) -> "Rows":
+        """Slots 0..B-1, `per_row` positions each from `starts` (B,), built on the device from
+        the two tensors alone: a captured step reads them from its buffers at every replay."""
+        device = starts.device
+        offsets = torch.arange(per_row, device=device)
+        slots = torch.arange(len(starts), device=device)
+        return cls(
+            slots=slots,
+            positions=starts[:, None] + offsets,
+            valid=active[:, None].expand(-1, per_row),
+            lengths=torch.full_like(slots, per_row),
+            flat_rows=slots[:, None].expand(-1, per_row).reshape(-1),  # (no repeat_interleave: it can sync)
+            flat_cols=offsets.repeat(len(starts)),
+            end=end,
+            first_slot=0,
+            active=active,
+        )
+
 
 @dataclass
 class StepMask:
@@ -61,10 +85,11 @@ class SlidingKV:
     def __init__(self, ring: RingShape, num_slots: int, device: torch.device, dtype: torch.dtype) -> None:
         self.window = ring.window
         self.capacity = ring.cells
-        shape = (ring.num_layers, num_slots, ring.num_kv_heads, self.capacity, ring.head_dim)
+        self.spare = ring.cells  # the cell past the ring where a steady step's idle rows write
+        shape = (ring.num_layers, num_slots, ring.num_kv_heads, ring.cells + 1, ring.head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.positions = torch.full((num_slots, self.capacity), -1, device=device, dtype=torch.long)
+        self.positions = torch.full((num_slots, ring.cells + 1), -1, device=device, dtype=torch.long)
 
     def reset(self, slots: torch.Tensor) -> None:
         self.positions[slots] = -1
@@ -73,6 +98,10 @@ class SlidingKV:
         """Claim ring cells for the step's positions; key k is visible to query q iff q - window < k <= q."""
         flat_positions = rows.positions[rows.flat_rows, rows.flat_cols]
         cells = flat_positions % self.capacity
+        if rows.active is not None:
+            runs = rows.active[rows.flat_rows]
+            cells = torch.where(runs, cells, self.spare)
+            flat_positions = torch.where(runs, flat_positions, -1)
         self.positions[rows.slots[rows.flat_rows], cells] = flat_positions
         width = min(self.capacity, rows.end)
         key_pos = self.positions[rows.slots, :width][:, None, :]

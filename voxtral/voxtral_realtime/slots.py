@@ -35,8 +35,9 @@ class RingShape:
         return self.window + self.max_step - 1
 
     def slot_bytes(self, dtype: torch.dtype) -> int:
-        per_layer = 2 * self.num_kv_heads * self.cells * self.head_dim * dtype.itemsize  # keys and values
-        return self.num_layers * per_layer + self.cells * torch.long.itemsize  # and each cell's position
+        cells = self.cells + 1  # and the spare cell a steady step's idle rows write to (`SlidingKV`)
+        per_layer = 2 * self.num_kv_heads * cells * self.head_dim * dtype.itemsize  # keys and values
+        return self.num_layers * per_layer + cells * torch.long.itemsize  # and each cell's position
 
 
 def free_bytes(device: torch.device) -> int:
