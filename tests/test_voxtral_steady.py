@@ -1,7 +1,9 @@
-"""A steady step (slots 0..B-1 at fixed widths, idle slots masked; replayed from a CUDA graph on
-a GPU) against the plain step of the same rows: the same tokens and rings, idle slots untouched.
-The engine takes steady steps whenever it can, so the parity tests run through them too."""
+"""A steady step (slots 0..B-1, idle slots masked; on a GPU at rounded shapes, replayed from a
+CUDA graph) against the plain step of the same rows: the same tokens and rings, idle slots
+untouched. The engine takes steady steps whenever it can, so the parity tests run through them
+too (on the CPU at exact shapes, on a GPU rounded and replayed)."""
 
+import pytest
 import torch
 
 from voxtral.voxtral_realtime.model import VoxtralModel
@@ -28,7 +30,10 @@ def slot_state(model: VoxtralModel, slot: int) -> list[torch.Tensor]:
     return [t.clone() for t in rings + positions + carried]
 
 
-def test_a_steady_step_equals_the_plain_step_and_leaves_idle_slots_as_they_were(voxtral_dirs, device):
+@pytest.mark.parametrize("rounded", [False, True])
+def test_a_steady_step_equals_the_plain_step_and_leaves_idle_slots_as_they_were(
+    voxtral_dirs, device, rounded
+):
     path = voxtral_dirs["base"]
     plain, steady = (VoxtralModel(path, torch.device(device), torch.float32, num_slots=4) for _ in range(2))
     generator = torch.Generator().manual_seed(0)
@@ -38,14 +43,20 @@ def test_a_steady_step_equals_the_plain_step_and_leaves_idle_slots_as_they_were(
         model.reset(torch.arange(4, device=model.device))
         for position in range(STREAMED):
             plain_step(model, [0, 1, 2, 3], position, mels[position])
-    # Three steps with slot 2 idle: the first on a graph captures it, the next two replay it.
+    # Three steps with slot 2 idle (on a GPU at rounded shapes: one capture, then two replays).
     steady.last_token[2] = 7  # a control token no step samples: a token the idle row wrote would show
     idle_before = slot_state(steady, 2)
     running = [0, 1, 3]
     for position in range(STREAMED, STREAMED + 3):
         expected = plain_step(plain, running, position, mels[position][running])
-        step = steady_step(steady, running, [position] * 3, [mels[position][i].numpy() for i in running])
-        assert len(step.active) == 4 and step.active.tolist() == [True, True, False, True]
+        step = steady_step(
+            steady, running, [position] * 3, [mels[position][i].numpy() for i in running], rounded
+        )
+        assert step.active.tolist() == [True, True, False, True]
+        # Each at most its ring: the encoder's (171 cells) has wrapped, every cell read.
+        text, audio = (64, 256) if rounded else (position + 1, 4 * position + 4)
+        assert step.text_width == min(text, steady.text_kv.capacity)
+        assert step.audio_width == min(audio, steady.audio_kv.capacity) == 171
         tokens = runner.decode(step, runner.encode(step).clone())
         assert tokens[running].tolist() == expected.tolist(), position
     for before, after in zip(idle_before, slot_state(steady, 2), strict=True):

@@ -237,9 +237,8 @@ class VoxtralRunner:
             or any(e != d * frames for e, d in zip(encode_starts, decode_starts, strict=True))
         ):
             return None
-        return steady_step(
-            self.model, encode_slots, decode_starts, [items[0].features.numpy() for items in runs]
-        )
+        mels = [items[0].features.numpy() for items in runs]
+        return steady_step(self.model, encode_slots, decode_starts, mels, rounded=self.steady.capture)
 
     def _batch_features(self, runs: list[list[AudioItem]]) -> torch.Tensor:
         """(B, n_mels, frames) log-mel of each row's items, right-padded with zeros.

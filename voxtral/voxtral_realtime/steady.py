@@ -2,11 +2,11 @@
 
 After its prompt, a session advances one position a step: one item encoded, one position
 decoded. A step in which every row does that runs as a steady step: its batch is slots
-0..B-1 (B the next power of two above the highest slot, or every slot), the idle ones
-masked, and attention reads a power-of-two width of each ring. Its shapes then depend on B
-and the widths alone, so on CUDA each (B, width) is captured once into a graph and later
-steps replay it: one launch from the host instead of thousands (`benchmarks/voxtral_step_gpu.py`).
-On the CPU the same step runs op by op.
+0..B-1, the idle ones masked, and attention reads the first cells of each ring. Its shapes
+then depend on B and the widths alone. On CUDA both are rounded up to powers of two, so a
+few shapes recur: each (B, width) is captured once into a graph and later steps replay it,
+one launch from the host instead of thousands (`benchmarks/voxtral_step_gpu.py`). On the CPU
+the step runs op by op, at exactly the shapes its rows need.
 """
 
 from dataclasses import dataclass
@@ -31,22 +31,25 @@ class SteadyStep:
     text_width: int  # decoder ring cells attention reads
 
 
-def ring_width(kv: SlidingKV, end: int) -> int:
-    """The cells a step whose positions end before `end` reads: a power of two, at most the ring."""
-    return min(kv.capacity, max(MIN_WIDTH, 1 << (end - 1).bit_length()))
+def ring_width(kv: SlidingKV, end: int, rounded: bool) -> int:
+    """The cells a step whose positions end before `end` reads, at most the ring: `rounded`
+    up to a power of two, or exactly."""
+    return min(kv.capacity, max(MIN_WIDTH, 1 << (end - 1).bit_length()) if rounded else end)
 
 
 def steady_step(
-    model: VoxtralModel, slots: list[int], positions: list[int], mels: list[np.ndarray]
+    model: VoxtralModel, slots: list[int], positions: list[int], mels: list[np.ndarray], rounded: bool
 ) -> SteadyStep:
-    """Slot `slots[i]` decodes position `positions[i]` from the item whose log-mel is `mels[i]`."""
-    batch = min(model.num_slots, 1 << max(slots).bit_length())
+    """Slot `slots[i]` decodes position `positions[i]` from the item whose log-mel is `mels[i]`.
+    `rounded`: the batch (up to every slot) and the widths rounded up to powers of two."""
+    batch = min(model.num_slots, 1 << max(slots).bit_length()) if rounded else max(slots) + 1
+    end = max(positions) + 1
     step = SteadyStep(
         positions=np.zeros(batch, np.int64),
         active=np.zeros(batch, bool),
         mels=np.zeros((batch, model.n_mels, model.mel_frames_per_position), np.float32),
-        audio_width=ring_width(model.audio_kv, (max(positions) + 1) * model.downsample),
-        text_width=ring_width(model.text_kv, max(positions) + 1),
+        audio_width=ring_width(model.audio_kv, end * model.downsample, rounded),
+        text_width=ring_width(model.text_kv, end, rounded),
     )
     step.positions[slots], step.active[slots], step.mels[slots] = positions, True, mels
     return step
