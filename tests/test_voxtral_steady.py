@@ -49,9 +49,7 @@ def test_a_steady_step_equals_the_plain_step_and_leaves_idle_slots_as_they_were(
     running = [0, 1, 3]
     for position in range(STREAMED, STREAMED + 3):
         expected = plain_step(plain, running, position, mels[position][running])
-        step = steady_step(
-            steady, running, [position] * 3, [mels[position][i].numpy() for i in running], rounded
-        )
+        step = steady_step(steady, running, [position] * 3, mels[position][running].numpy(), rounded)
         assert step.active.tolist() == [True, True, False, True]
         # Each at most its ring: the encoder's (171 cells) has wrapped, every cell read.
         text, audio = (64, 256) if rounded else (position + 1, 4 * position + 4)

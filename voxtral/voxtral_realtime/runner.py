@@ -44,7 +44,8 @@ class VoxtralStream:
 class _Step:
     """Everything the worker needs, gathered on the engine thread at submit time. Row i of the
     encode and decode batches belongs to `encode_ids[i]` and `states[i]`; the built batches
-    serve the whole step, and a row run alone (after a fault) is built on the worker."""
+    (or the steady step) serve the whole step, and a row run alone (after a fault) is built on
+    the worker."""
 
     freed: list[str]
     new_slots: list[int]
@@ -52,12 +53,12 @@ class _Step:
     encode_slots: list[int]
     encode_starts: list[int]
     encode_lengths: list[int]
-    encode_frames: Rows | None
-    encode_mels: torch.Tensor | None
+    encode_frames: Rows | None  # None for a steady step, which builds its own batch
+    encode_mels: torch.Tensor | None  # on the device; on the host for a steady step
     encode_hashes: list[list[str]]
     decode_starts: list[int]
     decode_lengths: list[int]
-    decode_rows: Rows
+    decode_rows: Rows | None  # None for a steady step
     decode_hashes: list[list[str]]
     states: list[VoxtralStream]
     samples: list[bool]  # the row's last position samples a token
@@ -179,15 +180,20 @@ class VoxtralRunner:
             lengths.append(len(items) * frames_per_position)
             runs.append(items)
             encode_hashes.append([item.mm_hash for item in items])
-        encode_frames, encode_mels = None, None
-        if slots:
-            encode_frames = Rows.build(slots, starts, lengths, self.spec.device)
-            encode_mels = self._batch_features(runs).to(self.spec.device, non_blocking=True)
-
         scheduled = sorted(out.scheduled, key=lambda s: slot(s.request.request_id))
         step_states = [states[s.request.request_id] for s in scheduled]
         decode_starts = [s.start for s in scheduled]
         decode_lengths = [s.num_positions for s in scheduled]
+        encode_mels = self._batch_features(runs) if slots else None
+        steady = self._steady(slots, starts, lengths, encode_mels, step_states, decode_starts, decode_lengths)
+        encode_frames, decode_rows = None, None
+        if steady is None:
+            if slots:
+                encode_frames = Rows.build(slots, starts, lengths, self.spec.device)
+                encode_mels = self._to_device(encode_mels)
+            decode_rows = Rows.build(
+                [state.slot for state in step_states], decode_starts, decode_lengths, self.spec.device
+            )
         return _Step(
             freed=out.freed_mm_hashes,
             new_slots=[state.slot for state, s in zip(step_states, scheduled, strict=True) if s.start == 0],
@@ -200,9 +206,7 @@ class VoxtralRunner:
             encode_hashes=encode_hashes,
             decode_starts=decode_starts,
             decode_lengths=decode_lengths,
-            decode_rows=Rows.build(
-                [state.slot for state in step_states], decode_starts, decode_lengths, self.spec.device
-            ),
+            decode_rows=decode_rows,
             decode_hashes=[
                 [s.request.item(i).mm_hash for i in range(s.item_lo, s.item_hi)] for s in scheduled
             ],
@@ -214,7 +218,7 @@ class VoxtralRunner:
                 for s, state in zip(scheduled, step_states, strict=True)
             ],
             arrived_at=[s.request.item(s.item_hi - 1).arrived_at for s in scheduled],
-            steady=self._steady(slots, starts, lengths, runs, step_states, decode_starts, decode_lengths),
+            steady=steady,
         )
 
     def _steady(
@@ -222,7 +226,7 @@ class VoxtralRunner:
         encode_slots: list[int],
         encode_starts: list[int],
         encode_lengths: list[int],
-        runs: list[list[AudioItem]],
+        encode_mels: torch.Tensor | None,
         states: list[VoxtralStream],
         decode_starts: list[int],
         decode_lengths: list[int],
@@ -237,8 +241,9 @@ class VoxtralRunner:
             or any(e != d * frames for e, d in zip(encode_starts, decode_starts, strict=True))
         ):
             return None
-        mels = [items[0].features.numpy() for items in runs]
-        return steady_step(self.model, encode_slots, decode_starts, mels, rounded=self.steady.capture)
+        return steady_step(
+            self.model, encode_slots, decode_starts, encode_mels.numpy(), rounded=self.steady.capture
+        )
 
     def _batch_features(self, runs: list[list[AudioItem]]) -> torch.Tensor:
         """(B, n_mels, frames) log-mel of each row's items, right-padded with zeros.
@@ -250,8 +255,12 @@ class VoxtralRunner:
         for row, items in enumerate(runs):
             for j, item in enumerate(items):
                 batch[row, :, j * width : (j + 1) * width] = item.features.numpy()
-        features = torch.from_numpy(batch)
-        return features.pin_memory() if self.spec.device.type == "cuda" else features
+        return torch.from_numpy(batch)
+
+    def _to_device(self, features: torch.Tensor) -> torch.Tensor:
+        """From pinned memory on CUDA: the copy then overlaps the step running."""
+        pinned = features.pin_memory() if self.spec.device.type == "cuda" else features
+        return pinned.to(self.spec.device, non_blocking=True)
 
     # ---- worker thread -----------------------------------------------------------------------
 
@@ -299,7 +308,7 @@ class VoxtralRunner:
             for i in rows:
                 self.store[step.encode_hashes[i][0]] = embeds[step.encode_slots[i], 0]
             return [None] * len(rows)
-        if len(rows) == len(step.encode_ids):
+        if step.encode_frames is not None and len(rows) == len(step.encode_ids):
             frames, mels = step.encode_frames, step.encode_mels
         else:
             frames = Rows.build(
@@ -309,6 +318,7 @@ class VoxtralRunner:
                 self.spec.device,
             )
             mels = step.encode_mels[rows, :, : 2 * max(step.encode_lengths[i] for i in rows)]
+            mels = mels.to(self.spec.device, non_blocking=True)
         embeds = self.model.encode(frames, mels)
         for row, i in enumerate(rows):
             for j, mm_hash in enumerate(step.encode_hashes[i]):
@@ -320,7 +330,7 @@ class VoxtralRunner:
         if step.steady is not None and len(rows) == len(step.states) and self._steady_embeds is not None:
             tokens = self.steady.decode(step.steady, self._steady_embeds).tolist()
             return [tokens[step.states[i].slot] for i in rows]
-        if len(rows) == len(step.states):
+        if step.decode_rows is not None and len(rows) == len(step.states):
             positions = step.decode_rows
         else:
             positions = Rows.build(

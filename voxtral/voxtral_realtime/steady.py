@@ -38,10 +38,11 @@ def ring_width(kv: SlidingKV, end: int, rounded: bool) -> int:
 
 
 def steady_step(
-    model: VoxtralModel, slots: list[int], positions: list[int], mels: list[np.ndarray], rounded: bool
+    model: VoxtralModel, slots: list[int], positions: list[int], mels: np.ndarray, rounded: bool
 ) -> SteadyStep:
-    """Slot `slots[i]` decodes position `positions[i]` from the item whose log-mel is `mels[i]`.
-    `rounded`: the batch (up to every slot) and the widths rounded up to powers of two."""
+    """Slot `slots[i]` decodes position `positions[i]` from the item whose log-mel is `mels[i]`
+    (n_mels, mel frames per position). `rounded`: the batch (up to every slot) and the widths
+    rounded up to powers of two."""
     batch = min(model.num_slots, 1 << max(slots).bit_length()) if rounded else max(slots) + 1
     end = max(positions) + 1
     step = SteadyStep(
