@@ -64,20 +64,29 @@ def run_sessions(engine: Engine, audios: list[np.ndarray]) -> dict:
     }
 
 
+def device_events(prof: profile) -> list:
+    """The kernels and copies a profiled run put on the GPU."""
+    events = prof.profiler.kineto_results.events()
+    return [event for event in events if event.device_type() == torch.autograd.DeviceType.CUDA]
+
+
+def busy_ns(events: list) -> tuple[int, int]:
+    """Nanoseconds the GPU ran any of `events` (the union of their spans), and the span from
+    the first's start to the last's end."""
+    spans = sorted((event.start_ns(), event.start_ns() + event.duration_ns()) for event in events)
+    busy, reach = 0, spans[0][0]
+    for start, end in spans:
+        busy += max(0, end - max(start, reach))
+        reach = max(reach, end)
+    return busy, reach - spans[0][0]
+
+
 def idle_share(engine: Engine, audios: list[np.ndarray]) -> float:
     """Share of the span from the run's first kernel to its last in which the GPU ran nothing."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         drive(engine, {f"p-{i}": Feed(pieces(audio, "80ms")) for i, audio in enumerate(audios)})
-    spans = sorted(
-        (event.start_ns(), event.start_ns() + event.duration_ns())
-        for event in prof.profiler.kineto_results.events()
-        if event.device_type() == torch.autograd.DeviceType.CUDA
-    )
-    busy, reach = 0, spans[0][0]
-    for start, end in spans:  # the union of overlapping spans
-        busy += max(0, end - max(start, reach))
-        reach = max(reach, end)
-    return 1 - busy / (reach - spans[0][0])
+    busy, span = busy_ns(device_events(prof))
+    return 1 - busy / span
 
 
 def measure(args: argparse.Namespace, counts: list[int]) -> None:

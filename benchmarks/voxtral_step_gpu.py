@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.engine_throughput import isolated
 from benchmarks.voxtral_real_size import build
+from benchmarks.voxtral_sessions import busy_ns, device_events
 from realtime.logs import configure_logging
 from voxtral.voxtral_realtime.model import VoxtralModel
 from voxtral.voxtral_realtime.sliding_kv import Rows
@@ -60,14 +61,8 @@ def busy(step: Step, repeats: int) -> dict:
         for _ in range(repeats):
             step()
         torch.cuda.synchronize()
-    events = [
-        e for e in prof.profiler.kineto_results.events() if e.device_type() == torch.autograd.DeviceType.CUDA
-    ]
-    spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events)
-    total, reach = 0, spans[0][0]
-    for start, end in spans:  # the union of overlapping spans
-        total += max(0, end - max(start, reach))
-        reach = max(reach, end)
+    events = device_events(prof)
+    total, _ = busy_ns(events)
     by_kernel: Counter[str] = Counter()
     for e in events:
         by_kernel[e.name()[:80]] += e.duration_ns()
