@@ -1,5 +1,5 @@
 """Who gets a seat: a new connection while the measured capacity has room and no session
-is behind real time; when one falls behind anyway, the newest connection is shed."""
+is behind real time; when one stays behind anyway, the newest connection is shed."""
 
 import asyncio
 import time
@@ -23,6 +23,7 @@ class Admission:
         # Upgrades admitted and not yet accepted: they hold a seat already.
         self.admitting: set[object] = set()
         self.lag_seconds = 0.0  # the furthest a session was behind real time at the last check
+        self.behind_since: float | None = None  # the first check of the run of checks past the bound
         self.last_shed_at = 0.0
 
     def seats(self) -> tuple[int, int]:
@@ -52,9 +53,14 @@ class Admission:
         self.admitting.discard(upgrade)
 
     async def watch(self) -> None:
-        """Measure every session's lag. While one is behind by more than `max_lag_seconds`,
-        shed the newest connections down to what the model serves with room to catch up (at
-        least one), then wait as long again for the effect to show."""
+        """Measure every session's lag. Once one has been behind by more than `max_lag_seconds`
+        for as long again, shed the newest connections down to what the model serves with
+        room to catch up (at least one), then wait as long again for the effect to show.
+
+        A server that lost the cores for a while (a neighbour's burst on a shared node, a
+        pause of the process) is behind at once, and a Whisper session catches up in one
+        decode of its grown window: the sessions it would shed then are lost for a stall they
+        had already recovered from."""
         while True:
             await asyncio.sleep(CHECK_SECONDS)
             try:
@@ -68,7 +74,12 @@ class Admission:
         for lag in lags:
             self.metrics.lag_seconds.observe(lag)
         self.lag_seconds = max(lags, default=0.0)
-        if self.lag_seconds <= self.max_lag_seconds or now - self.last_shed_at < self.max_lag_seconds:
+        if self.lag_seconds <= self.max_lag_seconds:
+            self.behind_since = None
+            return
+        if self.behind_since is None:
+            self.behind_since = now
+        if now - self.behind_since < self.max_lag_seconds or now - self.last_shed_at < self.max_lag_seconds:
             return
         running = sorted(
             (c for c in self.connections if c.utterances and c.closing is None),

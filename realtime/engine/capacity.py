@@ -29,7 +29,10 @@ class CapacityConfig:
     )
     max_lag_seconds: float = field(
         default=3.0,
-        metadata=setting("refuse new sessions, and shed the newest, once one is this far behind real time"),
+        metadata=setting(
+            "refuse new sessions once one is this far behind real time, and shed the newest once"
+            " one has stayed this far behind for as long again"
+        ),
     )
     # The share of each step period the sessions kept after a shed may take: they are already
     # behind, and only a step shorter than its period lets them catch up.
