@@ -11,8 +11,9 @@ up with real time while the engine's period (from one step's results to the next
 Per line: the period and the device worker's time per step, the engine thread's CPU time per
 step (ingest, log-mel, VAD, scheduling, delivery: host work a faster device does not remove),
 positions per second, whether the sessions keep up, the device memory a session's KV-ring
-slot takes and the most the run allocated; on CUDA, the share of the run's device time span in which no kernel or copy ran
-(from a second run of the same sessions under torch's profiler, `--profile-sessions`).
+slot takes and the most the run allocated; on CUDA, the share of the run's device time span
+in which no kernel or copy ran (from a second run of the same sessions under torch's profiler,
+`--profile-sessions`).
 Counts above the slots that fit the device's memory are reported as not fitting. Baseline:
 the documented streaming recipe into `generate` (`engine_throughput.baseline_session`),
 session after session, on the same device and dtype.
