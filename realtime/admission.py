@@ -23,8 +23,8 @@ class Admission:
         # Upgrades admitted and not yet accepted: they hold a seat already.
         self.admitting: set[object] = set()
         self.lag_seconds = 0.0  # the furthest a session was behind real time at the last check
-        self.behind_since: float | None = None  # the first check of the run of checks past the bound
-        self.last_shed_at = 0.0
+        # The first check of the run of checks past the bound, or the last shed within it.
+        self.behind_since: float | None = None
 
     def seats(self) -> tuple[int, int]:
         """(sessions held or being admitted, sessions that fit now). A connection holds a seat
@@ -79,7 +79,7 @@ class Admission:
             return
         if self.behind_since is None:
             self.behind_since = now
-        if now - self.behind_since < self.max_lag_seconds or now - self.last_shed_at < self.max_lag_seconds:
+        if now - self.behind_since < self.max_lag_seconds:
             return
         running = sorted(
             (c for c in self.connections if c.utterances and c.closing is None),
@@ -89,7 +89,7 @@ class Admission:
         if not newest:  # the oldest always stays: shedding every session serves no one
             return
         log.warning("admission.shed", connections=len(newest), lag_seconds=round(self.lag_seconds, 3))
-        self.last_shed_at = now
+        self.behind_since = now  # shed again only if they stay behind as long again
         self.metrics.sheds.inc(len(newest))
         # 1013: try again later.
         closes = [c.close(1013, "server_overloaded", SHED_MESSAGE) for c in newest]

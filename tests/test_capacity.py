@@ -151,7 +151,8 @@ def test_sessions_behind_after_a_stall_they_recover_from_are_not_shed(whisper_mo
 
     async def scenario() -> list[Utterance]:
         sessions = [asyncio.create_task(session(i)) for i in range(2)]
-        await asyncio.sleep(2.5)
+        while len([n for n in harness.engine.stats().consumed_samples.values() if n > 0]) < 2:
+            await asyncio.sleep(0.05)  # both mid-speech: the engine has consumed audio of each
         gate.clear()
         await asyncio.sleep(6.0)
         gate.set()
