@@ -9,11 +9,16 @@ up with real time while the engine's period (from one step's results to the next
 80 ms. Only steps that sample a token for every session count (not the prompt's).
 
 Per line: the period and the device worker's time per step, the engine thread's CPU time per
-step (ingest, log-mel, VAD, scheduling, delivery: host work a faster device does not remove),
+step (ingest, log-mel, VAD, scheduling, delivery: host work a faster device does not remove)
+and of it the VAD's batched calls,
 positions per second, whether the sessions keep up, the device memory a session's KV-ring
 slot takes and the most the run allocated; on CUDA, the share of the run's device time span
 in which no kernel or copy ran (from a second run of the same sessions under torch's profiler,
 `--profile-sessions`).
+`--switch-interval` sets Python's (`sys.setswitchinterval`): how long the device worker may
+wait for the GIL while the engine thread runs Python, each time it takes it back after a
+blocking call.
+
 Counts above the slots that fit the device's memory are reported as not fitting. Baseline:
 the documented streaming recipe into `generate` (`engine_throughput.baseline_session`),
 session after session, on the same device and dtype.
@@ -23,6 +28,7 @@ session after session, on the same device and dtype.
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -53,10 +59,23 @@ def session_audio(count: int, seconds: float) -> list[np.ndarray]:
 def run_sessions(engine: Engine, audios: list[np.ndarray]) -> dict:
     marks: list[tuple[float, float, int]] = []
     engine.on_step = lambda seconds, sessions: marks.append((time.perf_counter(), seconds, sessions))
+    vad_seconds = 0.0
+    probabilities = engine.vad.probabilities
+
+    def timed_vad(streams: list) -> list:
+        nonlocal vad_seconds
+        started = time.thread_time()
+        try:
+            return probabilities(streams)
+        finally:
+            vad_seconds += time.thread_time() - started
+
+    engine.vad.probabilities = timed_vad
     host_started = time.thread_time()  # `drive` steps the engine on this thread
     drive(engine, {f"{len(audios)}-{i}": Feed(pieces(audio, "80ms")) for i, audio in enumerate(audios)})
     host_seconds = time.thread_time() - host_started
     engine.on_step = None
+    del engine.vad.probabilities
     full = [(at, seconds) for at, seconds, sessions in marks if sessions == len(audios)]
     period = float(np.median(np.diff([at for at, _ in full])))
     return {
@@ -64,6 +83,7 @@ def run_sessions(engine: Engine, audios: list[np.ndarray]) -> dict:
         "ms_per_step": round(1000 * period, 2),
         "model_ms_per_step": round(1000 * float(np.median([seconds for _, seconds in full])), 2),
         "engine_thread_cpu_ms_per_step": round(1000 * host_seconds / len(marks), 2),
+        "engine_thread_vad_ms_per_step": round(1000 * vad_seconds / len(marks), 2),
         "positions_per_s": round(len(audios) / period, 1),
         "keeps_up": period <= POSITION_SECONDS,
     }
@@ -96,6 +116,7 @@ def idle_share(engine: Engine, audios: list[np.ndarray]) -> float:
 
 def measure(args: argparse.Namespace, counts: list[int]) -> None:
     configure_logging("warning")
+    sys.setswitchinterval(args.switch_interval)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     loaded = load_model(str(args.checkpoint), args.device, args.dtype, max_sessions=max(counts))
@@ -108,6 +129,7 @@ def measure(args: argparse.Namespace, counts: list[int]) -> None:
         "weights_gb": round(sum(p.numel() * p.element_size() for p in model.model.parameters()) / 1e9, 2),
         "slot_mb": round(model.slot_bytes / 2**20, 1),
         "slots": loaded.max_sessions,
+        "switch_interval_s": sys.getswitchinterval(),
     }
     # Warm first (allocator, first kernels): no count pays it.
     drive(engine, {"warm-up": Feed(pieces(session_audio(1, 1.0)[0], "80ms"))})
@@ -152,6 +174,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="speech per session")
     parser.add_argument("--profile-sessions", type=int, default=64)
     parser.add_argument("--baseline-sessions", type=int, default=2)
+    parser.add_argument("--switch-interval", type=float, default=sys.getswitchinterval(), help="seconds")
     args = parser.parse_args()
     if not (args.checkpoint / "config.json").is_file():
         isolated(build, args.checkpoint)
