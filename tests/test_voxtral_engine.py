@@ -30,6 +30,7 @@ from tests.voxtral_harness import (
 )
 from voxtral.errors import WeightsError
 from voxtral.loading import load_model
+from voxtral.vad import VadConfig
 from voxtral.voxtral_realtime.detokenizer import Detokenizer
 from voxtral.voxtral_realtime.model import VoxtralModel
 
@@ -250,7 +251,7 @@ def test_a_turn_the_vad_ends_ends_with_the_token_its_delay_puts_after_it(voxtral
                 resolved = [t for t in feed.request.output_token_ids if t != -1]
                 turn_ends.append(runner.model.num_prompt - 2 + len(resolved))
 
-    engine.add_utterance("u")
+    engine.add_utterance("u", VadConfig())  # turns asked for, as by the OpenAI wire's server VAD
     engine.run_once()
     feed.request = engine.scheduler.requests["u"]
     engine.on_events = route
@@ -266,3 +267,18 @@ def test_a_turn_the_vad_ends_ends_with_the_token_its_delay_puts_after_it(voxtral
     for stop_ms, end in zip(stops, turn_ends, strict=True):
         last = (runner.spec.leading_silence_samples + stop_ms * 16) // runner.spec.samples_per_position
         assert end >= last + runner.model.num_delay_tokens - 1, (stop_ms, end)
+
+
+def test_an_utterance_whose_turns_no_one_reads_skips_the_vad_and_decodes_alike(voxtral_dirs, welcome):
+    """vLLM's wire reads no turns, and Voxtral decodes alike whatever the turns: such an
+    utterance's audio never reaches the VAD's network, and its tokens are `generate`'s, as are
+    those of the same audio whose listener asked for turns."""
+    path, audio = voxtral_dirs["base"], welcome[0][: 4 * 16_000]
+    expected = reference_tokens(path, audio)
+    for vad in (VadConfig(), None):
+        engine = voxtral_engine(path, max_sessions=1)
+        feed = Feed(pieces(audio, "80ms"), vad=vad)
+        drive(engine, {"u": feed})
+        assert feed.request.output_token_ids == expected, vad
+        assert (engine.stats().vad_calls > 0) == (vad is not None), engine.stats().vad_calls
+        assert_nothing_held(engine)

@@ -17,6 +17,7 @@ from tests.engine_events import listen
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec
 from voxtral.audio import SAMPLE_RATE
 from voxtral.loading import load_model
+from voxtral.vad import VadConfig
 from voxtral.voxtral_realtime.model import VoxtralModel, log_mel
 
 # Three checkpoints that differ where the streaming code could go wrong: downsample
@@ -149,6 +150,7 @@ class Feed:
 
     pieces: list[np.ndarray]
     start_step: int = 0
+    vad: VadConfig | None = None  # the turn detection its listener asks for (None: no turns)
     events: list = field(default_factory=list)
     request: Request | None = None
 
@@ -180,7 +182,7 @@ def drive(engine: Engine, feeds: dict[str, Feed], max_steps: int = 100_000) -> N
     for step in range(max_steps):
         for utterance_id, feed in feeds.items():
             if step == feed.start_step and feed.request is None:
-                engine.add_utterance(utterance_id)
+                engine.add_utterance(utterance_id, feed.vad)
             elif step > feed.start_step and feed.pieces:
                 engine.add_audio(utterance_id, feed.pieces.pop(0))
                 if not feed.pieces:

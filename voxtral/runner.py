@@ -129,6 +129,9 @@ class ModelSpec:
     languages: frozenset[str] | None
     translates: bool  # the "translate" task is served
     word_times: bool  # committed words can come timed (`Transcription.word_times`)
+    # The family's decoding acts on the VAD's turns (Whisper's endpointing). Where it does not,
+    # an utterance runs the VAD only for a listener that asked for turns or for speakers.
+    decodes_by_turns: bool
     # A token family's text for a new utterance, made from the ids its steps sample (the
     # output path owns it); None: the family's outputs carry their text.
     token_text: Callable[[], TokenText] | None = None

@@ -11,7 +11,7 @@ from voxtral.vad import VadConfig
 @dataclass
 class AddUtterance:
     utterance_id: str
-    vad: VadConfig
+    vad: VadConfig | None  # None: the listener asked for no turns
     transcription: Transcription
     priority: int = 0  # `Request.priority`
 

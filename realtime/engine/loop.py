@@ -88,9 +88,11 @@ class Engine:
         transcription: Transcription = Transcription(),
         priority: int = 0,
     ) -> None:
-        """Its turn detection (default: the engine's), language and task (default: the model's
-        choice), and its priority (`Request.priority`: 0 for live speech)."""
-        self._commands.put(AddUtterance(utterance_id, vad or VadConfig(), transcription, priority))
+        """Its turn detection (None: the listener wants no turns; the VAD still runs with the
+        engine's settings where the family decodes by turns or speakers are asked), language and
+        task (default: the model's choice), and its priority (`Request.priority`: 0 for live
+        speech)."""
+        self._commands.put(AddUtterance(utterance_id, vad, transcription, priority))
 
     def add_audio(self, utterance_id: str, samples: np.ndarray, arrived_at: float | None = None) -> None:
         """`arrived_at`: when the audio reached the server (default: now)."""

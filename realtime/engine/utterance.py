@@ -19,7 +19,7 @@ from voxtral.errors import NoFreeSlot
 from voxtral.runner import ModelRunner, UtteranceOutput, run_rows
 from voxtral.speaker_encoder import SpeakerEncoder
 from voxtral.speakers import Segment, SpeakerStream
-from voxtral.vad import Turn, Vad, VadStream
+from voxtral.vad import Turn, Vad, VadConfig, VadStream
 
 log = structlog.get_logger(__name__)
 
@@ -31,7 +31,7 @@ class Utterance:
 
     request: Request  # the timeline (the scheduler writes it): items, positions, output token ids
     state: object
-    vad: VadStream
+    vad: VadStream | None  # None: nothing reads its turns, so its audio skips the VAD's network
     output: OutputProcessor
     buffer: IngestBuffer = field(default_factory=IngestBuffer)
     num_client_samples: int = 0  # what the client sent, without the family's padding
@@ -80,9 +80,13 @@ class Utterances(dict[str, Utterance]):
             words=[] if asked.word_times or asked.speakers else None,
             token_text=token_text() if token_text else None,
         )
-        utterance = self[command.utterance_id] = Utterance(request, state, VadStream(command.vad), output)
+        vad = command.vad
+        if vad is None and (self.runner.spec.decodes_by_turns or asked.speakers):
+            vad = VadConfig()
+        stream = VadStream(vad) if vad is not None else None
+        utterance = self[command.utterance_id] = Utterance(request, state, stream, output)
         if asked.speakers:
-            utterance.speakers = SpeakerStream(command.vad)
+            utterance.speakers = SpeakerStream(vad)
         self.scheduler.add_request(request)
         self._ingest(
             utterance, np.zeros(self.runner.spec.leading_silence_samples, np.float32), time.monotonic()
@@ -95,7 +99,8 @@ class Utterances(dict[str, Utterance]):
             self.fail(utterance, "session_too_long", limit)
         else:
             self._ingest(utterance, samples, arrived_at)
-            utterance.vad.feed(samples)
+            if utterance.vad is not None:
+                utterance.vad.feed(samples)
             if utterance.speakers is not None:
                 utterance.speakers.feed(samples)
 
@@ -118,7 +123,9 @@ class Utterances(dict[str, Utterance]):
         speakers, whose due clips are embedded in one more batched call. A fault fails the
         utterances it comes from alone."""
         live = [
-            u for u in self.values() if u.vad.whole_frames() or (u.request.input_finished and u.vad.speaking)
+            u
+            for u in self.values()
+            if u.vad is not None and (u.vad.whole_frames() or (u.request.input_finished and u.vad.speaking))
         ]
         heard = run_rows(vad.probabilities, [u.vad for u in live])
         clips: list[tuple[Utterance, Segment, np.ndarray]] = []

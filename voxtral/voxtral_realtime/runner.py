@@ -89,6 +89,7 @@ class VoxtralRunner:
             languages=None,  # Voxtral Realtime transcribes what it hears; it takes no language prompt
             translates=False,
             word_times=False,  # its tokens are text, not yet words with times
+            decodes_by_turns=False,  # a turn's end only marks its last token (`TurnEnded`)
             token_text=partial(Detokenizer, model.tekken),
         )
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> audio embedding (worker-side)

@@ -61,6 +61,7 @@ class WhisperRunner:
             languages=frozenset(model.language_ids) if model.multilingual else frozenset({"en"}),
             translates=model.multilingual,
             word_times=True,
+            decodes_by_turns=True,  # a turn's end commits its window whole; silence is skipped
         )
         self.store: dict[str, torch.Tensor] = {}  # mm_hash -> device copy of an item's log-mel
         self.words = {
