@@ -9,8 +9,8 @@ up with real time while the engine's period (from one step's results to the next
 80 ms. Only steps that sample a token for every session count (not the prompt's).
 
 Per line: the period and the device worker's time per step, the engine thread's CPU time per
-step (ingest, log-mel, VAD, scheduling, delivery: host work a faster device does not remove)
-and of it the VAD's batched calls,
+step (ingest, log-mel, scheduling, delivery: host work a faster device does not remove; these
+sessions, as on vLLM's wire, ask for no turns and skip the VAD),
 positions per second, whether the sessions keep up, the device memory a session's KV-ring
 slot takes and the most the run allocated; on CUDA, the share of the run's device time span
 in which no kernel or copy ran (from a second run of the same sessions under torch's profiler,
@@ -59,23 +59,10 @@ def session_audio(count: int, seconds: float) -> list[np.ndarray]:
 def run_sessions(engine: Engine, audios: list[np.ndarray]) -> dict:
     marks: list[tuple[float, float, int]] = []
     engine.on_step = lambda seconds, sessions: marks.append((time.perf_counter(), seconds, sessions))
-    vad_seconds = 0.0
-    probabilities = engine.vad.probabilities
-
-    def timed_vad(streams: list) -> list:
-        nonlocal vad_seconds
-        started = time.thread_time()
-        try:
-            return probabilities(streams)
-        finally:
-            vad_seconds += time.thread_time() - started
-
-    engine.vad.probabilities = timed_vad
     host_started = time.thread_time()  # `drive` steps the engine on this thread
     drive(engine, {f"{len(audios)}-{i}": Feed(pieces(audio, "80ms")) for i, audio in enumerate(audios)})
     host_seconds = time.thread_time() - host_started
     engine.on_step = None
-    del engine.vad.probabilities
     full = [(at, seconds) for at, seconds, sessions in marks if sessions == len(audios)]
     period = float(np.median(np.diff([at for at, _ in full])))
     return {
@@ -83,7 +70,6 @@ def run_sessions(engine: Engine, audios: list[np.ndarray]) -> dict:
         "ms_per_step": round(1000 * period, 2),
         "model_ms_per_step": round(1000 * float(np.median([seconds for _, seconds in full])), 2),
         "engine_thread_cpu_ms_per_step": round(1000 * host_seconds / len(marks), 2),
-        "engine_thread_vad_ms_per_step": round(1000 * vad_seconds / len(marks), 2),
         "positions_per_s": round(len(audios) / period, 1),
         "keeps_up": period <= POSITION_SECONDS,
     }
