@@ -13,7 +13,7 @@ from benchmarks.text import word_error_rate
 from tests.conftest import ROOT, SAMPLES
 from tests.server_harness import free_port, http_get, wait_until
 
-pytestmark = pytest.mark.image
+pytestmark = [pytest.mark.image, pytest.mark.timeout(2400)]  # the build: up to 1800 s
 IMAGE = "localhost/voxrt:latest"
 BUILDAH = ["buildah", "--storage-driver", "vfs"]
 
