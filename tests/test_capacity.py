@@ -3,6 +3,7 @@
 
 import asyncio
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from voxtral.whisper.runner import WhisperRunner
 pytestmark = pytest.mark.slow
 SESSION_SECONDS = 3.0
 MAX_TRIES = 100
+MAX_LAG_SECONDS = 8.0
 
 
 @contextlib.contextmanager
@@ -137,11 +139,13 @@ def test_a_session_alone_is_never_shed(welcome):
 
 
 def test_sessions_behind_after_a_stall_they_recover_from_are_not_shed(whisper_model, welcome, monkeypatch):
-    """The engine held for 6 s mid-speech, as a server that lost its cores is (a neighbour's
-    burst, a paused process): both sessions fall past `--max-lag-seconds`, catch up once it
-    runs again, and neither is shed. Shedding here would keep one, so the newer would go."""
+    """The engine held mid-speech, as a server that lost its cores is (a neighbour's burst, a
+    paused process), until the watcher finds a session past `--max-lag-seconds`: both catch up
+    once it runs again, and neither is shed. Shedding here would keep one, so the newer would
+    go. The catch-up (each session's grown window decoded, one after the other) has the bound's
+    seconds, set well above what it takes, so that a slow machine still fits."""
     samples, _ = welcome
-    capacity = CapacityConfig(target_busy=100, max_lag_seconds=5.0, shed_to_busy=1e-9)
+    capacity = CapacityConfig(target_busy=100, max_lag_seconds=MAX_LAG_SECONDS, shed_to_busy=1e-9)
     engine_config = EngineConfig(max_sessions=8, capacity=capacity)
     harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), engine_config)
     gate, _ = hold_steps(harness.engine, monkeypatch)
@@ -153,10 +157,17 @@ def test_sessions_behind_after_a_stall_they_recover_from_are_not_shed(whisper_mo
 
     async def scenario() -> list[Utterance]:
         sessions = [asyncio.create_task(session(i)) for i in range(2)]
+        # Both mid-speech: the engine has consumed audio of each (a session that ended
+        # first fails the test with how it ended).
         while len([n for n in harness.engine.stats().consumed_samples.values() if n > 0]) < 2:
-            await asyncio.sleep(0.05)  # both mid-speech: the engine has consumed audio of each
+            ended = [task for task in sessions if task.done()]
+            assert not ended, [task.result() for task in ended]
+            await asyncio.sleep(0.05)
         gate.clear()
-        await asyncio.sleep(6.0)
+        deadline = time.monotonic() + 60
+        while harness.server.admission.lag_seconds <= MAX_LAG_SECONDS:  # the watcher's finding
+            assert time.monotonic() < deadline, "no session fell behind while the engine was held"
+            await asyncio.sleep(0.05)
         gate.set()
         return await asyncio.gather(*sessions)
 
@@ -167,8 +178,6 @@ def test_sessions_behind_after_a_stall_they_recover_from_are_not_shed(whisper_mo
         gate.set()
         harness.stop()
     lags = {name: value for name, value in metrics.items() if name.startswith("voxrt_lag_seconds")}
-    behind = lags["voxrt_lag_seconds_count"] - lags["voxrt_lag_seconds_bucket{le=5.0}"]
-    assert behind > 0, lags  # some check found a session past the bound
     assert metrics["voxrt_sheds_total"] == 0, lags
     for result in results:
         assert result.done is not None and not result.errors, result.errors
