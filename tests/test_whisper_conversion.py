@@ -158,6 +158,18 @@ def test_corrupt_or_missing_files_name_the_file(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_conversion_keeps_the_one_another_process_finished_first(tmp_path):
+    """Replicas starting together on a fresh cache convert at once: the one that finishes
+    last keeps the first one's directory (which the first may be loading from) and leaves no
+    staging behind."""
+    target = tmp_path / "whisper"
+    convert_package_model(package_model_dir(), target)
+    first = (target / "model.safetensors").stat().st_ino
+    assert convert_package_model(package_model_dir(), target) == target
+    assert (target / "model.safetensors").stat().st_ino == first
+    assert [path.name for path in tmp_path.iterdir()] == ["whisper"]
+
+
 def _string(text: str) -> bytes:
     raw = text.encode() + b"\0"
     return struct.pack("<H", len(raw)) + raw

@@ -245,16 +245,29 @@ def convert_package_model(source_dir: Path, target_dir: Path) -> Path:
     config.save_pretrained(staging)
     generation_config(config, package_config, special).save_pretrained(staging)
     shutil.copy(source_dir / "tokenizer.json", staging / "tokenizer.json")
-    shutil.rmtree(target_dir, ignore_errors=True)
-    staging.rename(target_dir)  # atomic: a half-written cache is never picked up
+    if target_dir.exists() and not converted(target_dir):
+        shutil.rmtree(target_dir, ignore_errors=True)  # left incomplete by hand: no one reads it
+    try:
+        staging.rename(target_dir)  # atomic: a half-written cache is never picked up
+    except OSError:
+        # Another process (a replica starting beside this one on a fresh cache) converted it
+        # first and may be loading it now: theirs stays.
+        shutil.rmtree(staging, ignore_errors=True)
+        if not converted(target_dir):
+            raise
     log.info("whisper.converted", source=str(model_bin), target=str(target_dir))
     return target_dir
+
+
+def converted(target_dir: Path) -> bool:
+    """Whether `target_dir` holds a finished conversion."""
+    return (target_dir / "model.safetensors").is_file() and (target_dir / "config.json").is_file()
 
 
 def embedded_whisper_dir(name: str = TINY_EN) -> Path:
     """The converted embedded model `name`, converting it on first use."""
     target = cache_dir(name)
-    if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
+    if converted(target):
         return target
     if name == TINY_EN:
         return convert_package_model(package_model_dir(), target)
