@@ -3,14 +3,19 @@
 The model (PyPI `silero-vad`, which ships it) reads 32 ms frames of 512 samples, each
 with the 64 samples before it, and carries a recurrent state from frame to frame. Its
 packaged wrapper keeps one state for one fixed batch; utterances come and go and have
-different amounts of new audio, so the inner 16 kHz network is called directly with
-each utterance's own state gathered into the batch and scattered back.
+different amounts of new audio, so the inner 16 kHz network's parts are called directly.
+Its spectrum and convolutions see one frame and nothing before it: every frame of every
+utterance goes through them in one call. Its recurrent cell runs as one LSTM layer over each
+utterance's frames in turn, from the utterance's own state, gathered into the batch and
+scattered back: no call per frame.
 """
 
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
+from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 
 from voxtral.audio import SAMPLE_RATE
 
@@ -62,6 +67,11 @@ class VadStream:
     def whole_frames(self) -> int:
         return len(self.unread) // FRAME
 
+    def frames(self, n: int) -> np.ndarray:
+        """(n, CONTEXT + FRAME): its first `n` unread frames, each after the samples before it."""
+        heard = np.concatenate([self.context, self.unread[: n * FRAME]])
+        return sliding_window_view(heard, CONTEXT + FRAME)[::FRAME]
+
     def end_turn(self, audio_ms: int) -> Turn | None:
         """The input ended at `audio_ms`: a turn still going on ends there."""
         if not self.speaking:
@@ -73,6 +83,11 @@ class VadStream:
 class Vad:
     def __init__(self) -> None:
         self.network = load_silero_vad()._model  # the 16 kHz network, without the one-state wrapper
+        # Its recurrent cell, as a layer that steps through every stream's frames in one call.
+        cell = self.network.decoder.rnn
+        self.rnn = torch.nn.LSTM(cell.weight_ih.shape[1], cell.weight_hh.shape[1], batch_first=True)
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(self.rnn, f"{name}_l0").data.copy_(getattr(cell, name))
         self.calls = 0  # batched calls, one per step with audio to read
 
     def track(self, stream: VadStream, probabilities: np.ndarray) -> list[Turn]:
@@ -89,24 +104,27 @@ class Vad:
         """Speech probability of every whole frame the streams hold: all streams in one batched call.
         The streams move on only once every frame is read: a call that raised can run again."""
         counts = [s.whole_frames() for s in streams]
-        out = [np.zeros(n, np.float32) for n in counts]
-        if not any(counts):
-            return out
+        heard = [i for i, n in enumerate(counts) if n]
+        if not heard:
+            return [np.zeros(0, np.float32) for _ in streams]
         self.calls += 1
-        states = [s.state for s in streams]
-        contexts = [s.context for s in streams]
-        for k in range(max(counts)):
-            rows = [i for i, n in enumerate(counts) if n > k]
-            frames = np.stack(
-                [np.concatenate([contexts[i], streams[i].unread[k * FRAME :][:FRAME]]) for i in rows]
-            )
-            state = torch.cat([states[i] for i in rows], dim=1)
-            probs, state = self.network(torch.from_numpy(frames), state)
-            for j, i in enumerate(rows):
-                states[i], contexts[i] = state[:, j : j + 1], frames[j, -CONTEXT:]
-                out[i][k] = probs[j, 0]
-        for stream, n, state, context in zip(streams, counts, states, contexts, strict=True):
-            stream.unread, stream.state, stream.context = stream.unread[n * FRAME :], state, context
+        lengths = [counts[i] for i in heard]
+        frames = np.concatenate([streams[i].frames(n) for i, n in zip(heard, lengths, strict=True)])
+        net = self.network
+        features = net.encoder(net.stft(torch.from_numpy(frames)))[:, :, 0]
+        sequences = pack_sequence(list(torch.split(features, lengths)), enforce_sorted=False)
+        state = torch.cat([streams[i].state for i in heard], dim=1)  # (2, streams heard, width)
+        steps, (h, c) = self.rnn(sequences, (state[0:1], state[1:2]))
+        padded, _ = pad_packed_sequence(steps, batch_first=True)
+        hidden = padded[torch.arange(padded.shape[1]) < torch.tensor(lengths)[:, None]]  # frames' order
+        probs = net.decoder.decoder(hidden[:, :, None])[:, 0].mean(dim=-1).numpy()
+        out, states = [np.zeros(0, np.float32) for _ in streams], torch.cat([h, c])
+        for j, (i, n) in enumerate(zip(heard, lengths, strict=True)):
+            stream = streams[i]
+            stream.context = stream.unread[n * FRAME - CONTEXT : n * FRAME].copy()
+            stream.unread, stream.state = stream.unread[n * FRAME :], states[:, j : j + 1]
+        for i, stream_probs in zip(heard, np.split(probs, np.cumsum(lengths)[:-1]), strict=True):
+            out[i] = stream_probs
         return out
 
     def _track(self, s: VadStream, prob: float) -> Turn | None:
