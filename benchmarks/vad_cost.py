@@ -8,8 +8,8 @@ microseconds per frame read.
 
     .venv/bin/python -m benchmarks.vad_cost [--streams 1,4,16,64] [--frames 16,190]
 
-The build before a change, in the same run: `PYTHONPATH=<its tree> .venv/bin/python
-benchmarks/vad_cost.py` (this file, that build's VAD).
+The build before a change, in the same run: this file run in that build's tree with its own
+venv (an editable install finds `voxtral` in its own tree whatever PYTHONPATH says).
 """
 
 import argparse
