@@ -119,11 +119,11 @@ class Vad:
         hidden = padded[torch.arange(padded.shape[1]) < torch.tensor(lengths)[:, None]]  # frames' order
         probs = net.decoder.decoder(hidden[:, :, None])[:, 0].mean(dim=-1).numpy()
         out, states = [np.zeros(0, np.float32) for _ in streams], torch.cat([h, c])
-        for j, (i, n) in enumerate(zip(heard, lengths, strict=True)):
+        split = np.split(probs, np.cumsum(lengths)[:-1])
+        for j, (i, n, stream_probs) in enumerate(zip(heard, lengths, split, strict=True)):
             stream = streams[i]
             stream.context = stream.unread[n * FRAME - CONTEXT : n * FRAME].copy()
             stream.unread, stream.state = stream.unread[n * FRAME :], states[:, j : j + 1]
-        for i, stream_probs in zip(heard, np.split(probs, np.cumsum(lengths)[:-1]), strict=True):
             out[i] = stream_probs
         return out
 
