@@ -16,7 +16,8 @@ text within `KEPT_UP_SECONDS` of the audio's end); the server's CPU seconds per 
 audio it was sent (user + system, model load excluded); per word, from its end in the audio
 (tiny.en's forced alignment) to when it appeared and stayed, committed p50/p95 and shown
 (committed + interim) p95; the latest word; the longest time any session went without an
-event; WER against the served model's offline words.
+event, and with a neighbour the longest any session still going waited for its next event
+once the neighbour left; WER against the served model's offline words.
 
     .venv/bin/python -m benchmarks.served --build base=/work/base --build this=. \
         [--build 'this-2t=.|--threads 2'] [--arrivals 1,4,8,16] [--seconds 40] [--neighbour 6]
@@ -28,6 +29,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -85,29 +87,50 @@ def neighbour(seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen(["python3", "-c", burn]) for _ in range(os.cpu_count() or 1)]
 
 
+def event_times(utterance: Utterance) -> list[float]:
+    """When its events came, in seconds since its start, up to `done`."""
+    times = sorted([t for t, _ in utterance.deltas] + [t for t, _ in utterance.interims])
+    return times + ([utterance.done_at] if utterance.done_at is not None else [])
+
+
 def longest_silence(utterance: Utterance) -> float:
     """The longest time between events, from the first to `done`."""
-    times = sorted([t for t, _ in utterance.deltas] + [t for t, _ in utterance.interims])
-    times += [utterance.done_at] if utterance.done_at is not None else []
-    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+    return max((b - a for a, b in itertools.pairwise(event_times(utterance))), default=0.0)
+
+
+def resumed(utterance: Utterance, at: float) -> float | None:
+    """Seconds from `at` (`time.monotonic()`, any process's) to its first event after it;
+    None if it was done by then."""
+    later = [t for t in event_times(utterance) if utterance.started_at + t > at]
+    return later[0] + utterance.started_at - at if later else None
+
+
+def resumed_after(seated: list[tuple[Passage, Utterance]], burst_ended: list[float]) -> list[float]:
+    """For each session still going when the neighbour left, the wait for its next event."""
+    waits = [resumed(result, at) for _, result in seated for at in burst_ended]
+    return [w for w in waits if w is not None]
 
 
 def run(build: Build, passages: list[Passage], clients: ClientProcess, burst: float, burst_at: float) -> dict:
     server = ServerProcess(*build.flags, checkout=build.root, env=build.env)
     try:
         before = cpu_seconds(server.process.pid)
-        burners: list[subprocess.Popen] = []
+        burst_ended: list[float] = []
         if burst:
+
+            def burn() -> None:
+                for burner in neighbour(burst):
+                    burner.wait()
+                burst_ended.append(time.monotonic())
+
             # The clients stream from their process while this one waits to start the burst.
-            timer = threading.Timer(burst_at, lambda: burners.extend(neighbour(burst)))
+            timer = threading.Timer(burst_at, burn)
             timer.start()
         audios = [p.audio for p in passages]
         arrivals = clients.stream_sessions(server.url, audios, interim=True, arrival_seconds=ARRIVAL_SECONDS)
         used = cpu_seconds(server.process.pid) - before
         if burst:
             timer.join()
-            for burner in burners:
-                burner.wait()
     finally:
         server.stop()
     results = [(p, a.result) for p, a in zip(passages, arrivals, strict=True)]
@@ -130,6 +153,7 @@ def run(build: Build, passages: list[Passage], clients: ClientProcess, burst: fl
         "shown_p95_s": percentile(shown, 95),
         "latest_word_s": round(max(committed), 2) if committed else None,
         "longest_silence_s": round(max(longest_silence(r) for _, r in seated), 2) if seated else None,
+        "resumed_s": round(max(waits), 2) if (waits := resumed_after(seated, burst_ended)) else None,
         "wer": mean_wer(whisper_wer, [p.text for p, _ in seated], [r.text for _, r in seated])
         if seated
         else None,

@@ -31,6 +31,8 @@ class Utterance:
     """What the server said about one streamed utterance."""
 
     text: str = ""
+    # `time.monotonic()` at its start: every timestamp below counts from it.
+    started_at: float = field(default_factory=time.monotonic)
     deltas: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, delta)
     # (seconds since start, the unstable tail after `text`), when asked for with `interim`
     interims: list[tuple[float, str]] = field(default_factory=list)
@@ -148,7 +150,7 @@ async def stream_utterance(
     (each word's speaker) are asked for first.
     """
     result = Utterance()
-    started = time.monotonic()
+    started = result.started_at
 
     async def send_all() -> None:
         await update_session(connection, interim, language, word_timestamps, speakers)
