@@ -1,5 +1,7 @@
-"""An uploaded recording as the model's audio: decoded by libsndfile (WAV, FLAC, Ogg Vorbis and
-Opus, MP3, AIFF and the rest it reads), mixed to mono, resampled to 16 kHz by soxr."""
+"""An uploaded recording as the model's audio, decoded as it is fed: libsndfile reads it (WAV,
+FLAC, Ogg Vorbis and Opus, MP3, AIFF and the rest it reads), it is mixed to mono and resampled to
+16 kHz by soxr. Compressed audio can decode to far more than its bytes (silence in FLAC costs
+next to nothing), so no more than a block of it is ever held decoded."""
 
 import io
 
@@ -9,29 +11,48 @@ import soxr
 
 from voxtral.audio import SAMPLE_RATE
 
-READ_FRAMES = 1 << 16  # decoded a block at a time: a long file's float64 copy never exists whole
+BLOCK_SECONDS = 1.0  # at most this much of the recording decoded at a time
+READ_SAMPLES = 1 << 16  # and at most this many samples, all channels together
 
 
 class AudioFileError(ValueError):
     """The upload is no recording libsndfile can read."""
 
 
-def decode(data: bytes) -> np.ndarray:
-    """16 kHz mono float32 samples of an encoded recording."""
-    try:
-        with soundfile.SoundFile(io.BytesIO(data)) as recording:
-            rate = recording.samplerate
-            resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
-            blocks = []
-            while len(block := recording.read(READ_FRAMES, dtype="float32", always_2d=True)):
-                blocks.append(resampler.resample_chunk(block.mean(axis=1)))
-            blocks.append(resampler.resample_chunk(np.zeros(0, np.float32), last=True))
-    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise AudioFileError(
-            "the file is no recording this server reads (WAV, FLAC, Ogg, MP3 and what libsndfile"
-            f" reads; MP4/M4A and WebM are not): {getattr(exc, 'error_string', exc)}"
-        ) from exc
-    samples = np.concatenate(blocks)
-    if not len(samples):
-        raise AudioFileError("the file holds no audio")
-    return samples
+def _unreadable(exc: Exception) -> AudioFileError:
+    return AudioFileError(
+        "the file is no recording this server reads (WAV, FLAC, Ogg, MP3 and what libsndfile"
+        f" reads; MP4/M4A and WebM are not): {getattr(exc, 'error_string', exc)}"
+    )
+
+
+class Recording:
+    """One upload's audio at 16 kHz, read a block at a time by one thread at a time."""
+
+    def __init__(self, data: bytes) -> None:
+        try:
+            self.file = soundfile.SoundFile(io.BytesIO(data))
+        except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+            raise _unreadable(exc) from exc
+        rate, channels = self.file.samplerate, self.file.channels
+        if self.file.frames <= 0:
+            raise AudioFileError("the file holds no audio")
+        self.seconds = self.file.frames / rate  # as its header says
+        # Frames per read bounded in time too: resampled to 16 kHz, a read of a file at a very
+        # low rate would come out many times its frames.
+        self.frames_per_read = max(1, min(round(rate * BLOCK_SECONDS), READ_SAMPLES // channels))
+        self.resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
+        self.ended = False
+
+    def read(self) -> np.ndarray:
+        """The next block; empty once the recording is over."""
+        while not self.ended:
+            try:
+                block = self.file.read(self.frames_per_read, dtype="float32", always_2d=True)
+            except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+                raise _unreadable(exc) from exc
+            self.ended = not len(block)
+            samples = self.resampler.resample_chunk(block.mean(axis=1), last=self.ended)
+            if len(samples):
+                return samples
+        return np.zeros(0, np.float32)

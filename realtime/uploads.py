@@ -1,6 +1,6 @@
 """Uploaded recordings through the engine: each is an utterance like a live session's, its
-audio handed over no faster than the engine consumes it, its events gathered into one
-response or streamed as server-sent events."""
+audio decoded and handed over no faster than the engine consumes it, its events gathered into
+one response or streamed as server-sent events."""
 
 import asyncio
 import time
@@ -8,13 +8,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-import numpy as np
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from transformers.models.whisper.tokenization_whisper import LANGUAGES  # code -> English name
 
-from realtime.audio_file import AudioFileError, decode
+from realtime.audio_file import AudioFileError, Recording
 from realtime.config import ServedModel
 from realtime.engine.events import Delta, Done, EngineEvent, Failed, LanguageDetected
 from realtime.engine.loop import Engine
@@ -29,7 +28,6 @@ log = structlog.get_logger("voxrt.uploads")
 
 AHEAD_SECONDS = 30.0  # an upload's audio handed to the engine and not yet consumed
 UPLOAD_PRIORITY = 1  # after live speech (`Request.priority`)
-CHUNK_SECONDS = 1.0
 
 
 class UploadRefused(Exception):
@@ -42,10 +40,11 @@ class UploadRefused(Exception):
 
 @dataclass
 class Job:
-    """One upload's utterance: where the server routes its engine events."""
+    """One upload's utterance: where the server routes its engine events, and where its feed
+    puts a block that does not decode."""
 
     utterance_id: str
-    events: asyncio.Queue[EngineEvent] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[EngineEvent | AudioFileError] = field(default_factory=asyncio.Queue)
 
     def on_engine_event(self, utterance_id: str, event: EngineEvent) -> None:
         self.events.put_nowait(event)
@@ -105,17 +104,17 @@ class Uploads:
         self._hold()  # from here: a form being read counts
         try:
             asked = await self._parse(request, task, max_bytes)
-            # Off the event loop: an hour of audio takes seconds to decode and resample.
-            samples = await asyncio.to_thread(decode, await asked.file.read())
+            recording = await asyncio.to_thread(Recording, await asked.file.read())
+            self._check_length(recording)
         except BaseException:
             self._release()
             raise
-        job = self._start(asked, samples)
+        job = self._start(asked, recording)
         if asked.stream:
-            return StreamingResponse(self._stream(asked, job, samples), media_type="text/event-stream")
+            return StreamingResponse(self._stream(asked, job, recording), media_type="text/event-stream")
         try:
             transcript = None
-            async for event in self._run(asked, job, samples):
+            async for event in self._run(asked, job, recording):
                 if isinstance(event, Transcript):
                     transcript = event
         finally:
@@ -143,15 +142,26 @@ class Uploads:
         check_model(self.model, asked.model, log)
         return asked
 
-    def _start(self, asked: FileRequest, samples: np.ndarray) -> Job:
+    def _check_length(self, recording: Recording) -> None:
+        """Refused before any of it is decoded; a header that says less meets the engine's own
+        limit (`session_too_long`)."""
+        limit = self.engine.config.max_session_seconds
+        if recording.seconds > limit:
+            raise UploadRefused(
+                HTTPStatus.BAD_REQUEST,
+                "audio_too_long",
+                f"the recording is {recording.seconds:.0f} s long; this server takes {limit:g} s at most"
+                " (--max-session-seconds)",
+            )
+
+    def _start(self, asked: FileRequest, recording: Recording) -> Job:
         self.num_uploads += 1
         job = Job(f"upload-{self.num_uploads}-{time.monotonic_ns()}")
         self.routes[job.utterance_id] = job
         self.engine.add_utterance(
             job.utterance_id, transcription=asked.transcription, priority=UPLOAD_PRIORITY
         )
-        self.metrics.audio_seconds.inc(len(samples) / SAMPLE_RATE)
-        log.info("upload.start", utterance=job.utterance_id, seconds=round(len(samples) / SAMPLE_RATE, 3))
+        log.info("upload.start", utterance=job.utterance_id, seconds=round(recording.seconds, 3))
         return job
 
     def _hold(self) -> None:
@@ -168,29 +178,34 @@ class Uploads:
             self.engine.abort(job.utterance_id)  # nothing, if it is done; its rows, if the client left
         self._release()
 
-    async def _stream(self, asked: FileRequest, job: Job, samples: np.ndarray) -> AsyncIterator[str]:
+    async def _stream(self, asked: FileRequest, job: Job, recording: Recording) -> AsyncIterator[str]:
         try:
-            async for event in self._run(asked, job, samples):
+            async for event in self._run(asked, job, recording):
                 if isinstance(event, Transcript):
                     yield file_api.done_event(event, asked.logprobs)
                 else:
                     yield file_api.delta_event(event.text, event.words if asked.logprobs else None)
-        except UploadRefused as exc:  # the status is sent: the error goes as an event, as OpenAI's do
+        # The status is sent: the error goes as an event, as OpenAI's do.
+        except UploadRefused as exc:
             yield f"data: {file_api.error_body(exc.code, exc.message, server=True)}\n"
+        except AudioFileError as exc:
+            yield f"data: {file_api.error_body('invalid_file', str(exc))}\n"
         finally:
             self._end(job)
 
     async def _run(
-        self, asked: FileRequest, job: Job, samples: np.ndarray
+        self, asked: FileRequest, job: Job, recording: Recording
     ) -> AsyncIterator[Delta | Transcript]:
         """The upload's deltas, then its transcript; its audio is fed meanwhile."""
-        feeder = asyncio.create_task(self._feed(job.utterance_id, samples))
+        feeder = asyncio.create_task(self._feed(job, recording))
         # Named, or a one-language model's, or what the model detects (`LanguageDetected`).
         served = self.engine.runner.spec.languages or frozenset()
         language = asked.transcription.language or (next(iter(served)) if len(served) == 1 else "")
         try:
             while True:
                 event = await job.events.get()
+                if isinstance(event, AudioFileError):
+                    raise event
                 if isinstance(event, LanguageDetected):
                     language = event.language
                 elif isinstance(event, Delta) and event.text:
@@ -199,17 +214,27 @@ class Uploads:
                     raise UploadRefused(HTTPStatus.INTERNAL_SERVER_ERROR, event.code, event.message)
                 elif isinstance(event, Done):
                     words = event.words if asked.transcription.word_times else None
-                    seconds = len(samples) / SAMPLE_RATE
-                    yield Transcript(event.text, words, seconds, LANGUAGES.get(language, language))
+                    name = LANGUAGES.get(language, language)
+                    yield Transcript(event.text, words, event.audio_seconds, name)
                     return
         finally:
             feeder.cancel()
 
-    async def _feed(self, utterance_id: str, samples: np.ndarray) -> None:
-        """Its audio, a chunk at a time, while the engine holds less than `AHEAD_SECONDS` of it."""
-        chunk, ahead = round(CHUNK_SECONDS * SAMPLE_RATE), round(AHEAD_SECONDS * SAMPLE_RATE)
-        for offset in range(0, len(samples), chunk):
-            while offset - self.engine.stats().consumed_samples.get(utterance_id, 0) > ahead:
-                await self.progress.wait()
-            self.engine.add_audio(utterance_id, samples[offset : offset + chunk])
-        self.engine.finish_input(utterance_id)
+    async def _feed(self, job: Job, recording: Recording) -> None:
+        """Its audio, a block at a time, while the engine holds less than `AHEAD_SECONDS` of it.
+
+        Blocks are decoded on a worker thread, and the recording is never closed here: a
+        cancelled feed leaves its read running there, and libsndfile's handle goes with the
+        object once that read returns."""
+        ahead, fed = round(AHEAD_SECONDS * SAMPLE_RATE), 0
+        try:
+            while len(block := await asyncio.to_thread(recording.read)):
+                while fed - self.engine.stats().consumed_samples.get(job.utterance_id, 0) > ahead:
+                    await self.progress.wait()
+                self.engine.add_audio(job.utterance_id, block)
+                self.metrics.audio_seconds.inc(len(block) / SAMPLE_RATE)
+                fed += len(block)
+        except AudioFileError as exc:
+            job.events.put_nowait(exc)  # `_run` raises it: this upload alone ends
+            return
+        self.engine.finish_input(job.utterance_id)

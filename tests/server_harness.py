@@ -147,6 +147,29 @@ def metric(port: int, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
+class ResidentMemory:
+    """A process's resident memory, sampled on a thread until stopped: the peak between reads
+    of a running server, not what this test process holds."""
+
+    def __init__(self, pid: int) -> None:
+        self.status = Path(f"/proc/{pid}/status")
+        self.samples: list[float] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.stopped.wait(0.02):
+            for line in self.status.read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    self.samples.append(int(line.split()[1]) / 1024)
+
+    def stop(self) -> list[float]:
+        self.stopped.set()
+        self.thread.join()
+        return self.samples
+
+
 def wait_until(ready, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while True:

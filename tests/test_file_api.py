@@ -1,6 +1,7 @@
 """OpenAI's file API through the openai SDK, unchanged, against a real `voxrt serve`: every
-response format, streamed deltas, any container and rate, bad and oversize files, and the
-WebSocket wires on the same port at the same time."""
+response format, streamed deltas, any container and rate, bad, oversize and overlong files, a
+file that decodes to far more than its bytes, and the WebSocket wires on the same port at the
+same time."""
 
 import asyncio
 import io
@@ -21,7 +22,16 @@ from benchmarks.text import word_error_rate
 from clients.audio import load_audio_file
 from realtime.config import ServerConfig
 from tests.conftest import SAMPLES
-from tests.server_harness import ServerProcess, ServerThread, events_until, hold_steps, stream, wait_until
+from tests.server_harness import (
+    ResidentMemory,
+    ServerProcess,
+    ServerThread,
+    events_until,
+    hold_steps,
+    metric,
+    stream,
+    wait_until,
+)
 from voxtral.whisper.runner import WhisperRunner
 
 WELCOME = SAMPLES / "welcome.wav"
@@ -120,6 +130,21 @@ def test_a_flac_at_44100_hz_in_stereo_reads_as_the_wav(served):
     assert word_error_rate(welcome_text(), got.text) <= 0.1, got.text
 
 
+def flac(samples: np.ndarray, rate: int = 16000) -> bytes:
+    out = io.BytesIO()
+    soundfile.write(out, samples, rate, format="FLAC")
+    return out.getvalue()
+
+
+def broken_midway() -> bytes:
+    """The welcome as FLAC, a stretch a third of the way in zeroed: its header and first seconds
+    decode, then libsndfile loses sync."""
+    data = bytearray(flac(load_audio_file(WELCOME)))
+    third = len(data) // 3
+    data[third : third + 2000] = bytes(2000)
+    return bytes(data)
+
+
 def test_bad_oversize_and_unserved_requests_get_openai_errors_and_the_wire_goes_on(served):
     """A bystander streams on the WebSocket wire, same port and engine, while each bad request is answered."""
     from websockets.sync.client import connect
@@ -138,6 +163,19 @@ def test_bad_oversize_and_unserved_requests_get_openai_errors_and_the_wire_goes_
         with pytest.raises(openai.APIStatusError) as large:
             client.audio.transcriptions.create(file=("long.wav", noise.getvalue()), model="whisper-1")
         assert large.value.status_code == 413 and large.value.code == "file_too_large"
+        # Nearly six hours at 1 Hz in 20 kB: longer than a session may be (4 h), refused unread.
+        slow = io.BytesIO()
+        soundfile.write(slow, np.zeros(20_000, np.float32), 1, format="WAV", subtype="PCM_U8")
+        with pytest.raises(openai.BadRequestError) as overlong:
+            client.audio.transcriptions.create(file=("slow.wav", slow.getvalue()), model="whisper-1")
+        assert overlong.value.code == "audio_too_long" and "--max-session-seconds" in overlong.value.message
+        broken = ("broken.flac", broken_midway())
+        with pytest.raises(openai.BadRequestError) as midway:
+            client.audio.transcriptions.create(file=broken, model="whisper-1")
+        assert midway.value.code == "invalid_file" and "lost sync" in midway.value.message
+        with pytest.raises(openai.APIError) as streamed:
+            list(client.audio.transcriptions.create(file=broken, model="whisper-1", stream=True))
+        assert "lost sync" in streamed.value.message
         with pytest.raises(openai.BadRequestError) as task:
             client.audio.translations.create(file=("welcome.wav", WELCOME.read_bytes()), model="whisper-1")
         assert task.value.code == "unsupported_task"
@@ -152,6 +190,33 @@ def test_bad_oversize_and_unserved_requests_get_openai_errors_and_the_wire_goes_
             assert refused.value.code == code, options
         done = events_until(ws, "transcription.done")[-1]
     assert word_error_rate(welcome_text(), done["text"]) <= 0.1
+    wait_until(lambda: metric(served.port, "voxrt_utterances_active") == 0, 30)
+
+
+def test_an_hour_of_silence_in_a_few_hundred_kb_is_decoded_as_it_is_fed(served):
+    """A FLAC of silence decodes to far more than its bytes: decoded whole, an hour of it would
+    hold all its samples in the server, twice over while they are joined. The welcome at its
+    end shows the whole file was read; a live session beside it gets its text."""
+    from websockets.sync.client import connect
+
+    samples = load_audio_file(WELCOME)
+    hour = flac(np.concatenate([np.zeros(3600 * 16000, np.float32), samples]))
+    assert len(hour) < MAX_UPLOAD_MB << 20
+    transcribe(served)  # warm: the server's caches and allocator at their working size
+    with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        memory = ResidentMemory(served.process.pid)
+        got = sdk(served).audio.transcriptions.create(
+            file=("hour.flac", hour), model="whisper-1", response_format="verbose_json", timeout=300
+        )
+        rss = memory.stop()
+        stream(ws, samples)
+        live = events_until(ws, "transcription.done")[-1]["text"]
+    assert word_error_rate(welcome_text(), got.text) <= 0.1, got.text
+    assert got.duration == pytest.approx(3600 + len(samples) / 16000, abs=0.01)
+    print(f"server RSS {rss[0]:.0f} MB -> peak {max(rss):.0f} MB over {len(rss)} samples")
+    assert len(rss) > 10 and max(rss) - rss[0] < 150, (rss[0], max(rss))
+    assert word_error_rate(welcome_text(), live) <= 0.1, live
 
 
 def test_a_live_session_and_uploads_at_once_each_get_their_own_text(served):

@@ -11,7 +11,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from benchmarks.text import word_error_rate
 from realtime.config import ServerConfig
 from realtime.limits import ConnectionLimits, parse_networks
 from tests.server_harness import (
+    ResidentMemory,
     ServerProcess,
     ServerThread,
     append_event,
@@ -95,29 +95,6 @@ def test_idle_connections_are_closed_and_a_real_client_gets_in(whisper_model, we
         assert harness.metrics()["voxrt_closes_total{reason=idle_timeout}"] == 2
     finally:
         harness.stop()
-
-
-class ResidentMemory:
-    """A process's resident memory, sampled on a thread until stopped: the peak between reads
-    of a running server, not what this test process holds."""
-
-    def __init__(self, pid: int) -> None:
-        self.status = Path(f"/proc/{pid}/status")
-        self.samples: list[float] = []
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-
-    def _sample(self) -> None:
-        while not self.stopped.wait(0.02):
-            for line in self.status.read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    self.samples.append(int(line.split()[1]) / 1024)
-
-    def stop(self) -> list[float]:
-        self.stopped.set()
-        self.thread.join()
-        return self.samples
 
 
 MINUTES = 30
