@@ -13,6 +13,9 @@ from voxtral.audio import SAMPLE_RATE
 
 BLOCK_SECONDS = 1.0  # at most this much of the recording decoded at a time
 READ_SAMPLES = 1 << 16  # and at most this many samples, all channels together
+# A rate carries sounds up to half itself, and speech reaches past 2 kHz: below this no speech
+# is left. Resampled so far up, soxr also gives its samples in bursts of many seconds.
+MIN_RATE = 4000
 
 
 class AudioFileError(ValueError):
@@ -37,9 +40,11 @@ class Recording:
         rate, channels = self.file.samplerate, self.file.channels
         if self.file.frames <= 0:
             raise AudioFileError("the file holds no audio")
+        if rate < MIN_RATE:
+            raise AudioFileError(f"the recording is sampled at {rate} Hz; speech needs {MIN_RATE} at least")
         self.seconds = self.file.frames / rate  # as its header says
-        # Frames per read bounded in time too: resampled to 16 kHz, a read of a file at a very
-        # low rate would come out many times its frames.
+        # Frames per read bounded in time as well as in samples: resampled to 16 kHz, a read
+        # at a low rate comes out several times its frames.
         self.frames_per_read = max(1, min(round(rate * BLOCK_SECONDS), READ_SAMPLES // channels))
         self.resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
         self.ended = False

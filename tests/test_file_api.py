@@ -163,12 +163,16 @@ def test_bad_oversize_and_unserved_requests_get_openai_errors_and_the_wire_goes_
         with pytest.raises(openai.APIStatusError) as large:
             client.audio.transcriptions.create(file=("long.wav", noise.getvalue()), model="whisper-1")
         assert large.value.status_code == 413 and large.value.code == "file_too_large"
-        # Nearly six hours at 1 Hz in 20 kB: longer than a session may be (4 h), refused unread.
-        slow = io.BytesIO()
-        soundfile.write(slow, np.zeros(20_000, np.float32), 1, format="WAV", subtype="PCM_U8")
+        # Longer than a session may be (4 h), in a few hundred kB: refused unread.
+        overlong_silence = ("silence.flac", flac(np.zeros(4000 * 15000, np.float32), 4000))
         with pytest.raises(openai.BadRequestError) as overlong:
-            client.audio.transcriptions.create(file=("slow.wav", slow.getvalue()), model="whisper-1")
+            client.audio.transcriptions.create(file=overlong_silence, model="whisper-1")
         assert overlong.value.code == "audio_too_long" and "--max-session-seconds" in overlong.value.message
+        slow = io.BytesIO()
+        soundfile.write(slow, np.zeros(10_000, np.float32), 1, format="WAV", subtype="PCM_U8")
+        with pytest.raises(openai.BadRequestError) as no_speech:
+            client.audio.transcriptions.create(file=("slow.wav", slow.getvalue()), model="whisper-1")
+        assert no_speech.value.code == "invalid_file" and "1 Hz" in no_speech.value.message
         broken = ("broken.flac", broken_midway())
         with pytest.raises(openai.BadRequestError) as midway:
             client.audio.transcriptions.create(file=broken, model="whisper-1")
