@@ -11,6 +11,7 @@ from http import HTTPStatus
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Message, Receive
 from transformers.models.whisper.tokenization_whisper import LANGUAGES  # code -> English name
 
 from realtime.audio_file import AudioFileError, Recording
@@ -28,6 +29,10 @@ log = structlog.get_logger("voxrt.uploads")
 
 AHEAD_SECONDS = 30.0  # an upload's audio handed to the engine and not yet consumed
 UPLOAD_PRIORITY = 1  # after live speech (`Request.priority`)
+# How fast a form must arrive once its first seconds are past: far slower than a real client's
+# link, fast enough that a client trickling bytes cannot hold its connection open for long.
+MIN_BODY_BYTES_PER_SECOND = 8 << 10
+BODY_GRACE_SECONDS = 5.0
 
 
 class UploadRefused(Exception):
@@ -68,8 +73,9 @@ class Uploads:
         self.progress = progress
         self.max_uploads = max_uploads
         self.retry_after_seconds = retry_after_seconds  # told to a client refused for now
-        self.active = 0
-        self.idle = asyncio.Event()  # no upload held: a drain waits for it
+        self.active = 0  # requests past the door, their forms being read or their audio transcribed
+        self.transcribing = 0  # of those, the ones in the engine: what `max_uploads` bounds
+        self.idle = asyncio.Event()  # no request active: a drain waits for it
         self.idle.set()
         self.num_uploads = 0
 
@@ -94,18 +100,17 @@ class Uploads:
         return Response(body, status, headers, media_type="application/json")
 
     async def _respond(self, request: Request, task: str, max_bytes: int) -> Response:
-        """The transcript (or translation) of the request's upload, in the format it asked."""
-        if self.active >= self.max_uploads:
-            raise UploadRefused(
-                HTTPStatus.TOO_MANY_REQUESTS,
-                "too_many_uploads",
-                f"{self.active} uploads are being transcribed",
-            )
-        self._hold()  # from here: a form being read counts
+        """The transcript (or translation) of the request's upload, in the format it asked.
+
+        A form being read holds no seat, so a client that sends slowly keeps nobody else's
+        upload waiting: the seats are checked at the door and again once the file is in."""
+        self._check_seat()
+        self._hold()
         try:
             asked = await self._parse(request, task, max_bytes)
             recording = await asyncio.to_thread(Recording, await asked.file.read())
             self._check_length(recording)
+            self._check_seat()
         except BaseException:
             self._release()
             raise
@@ -135,12 +140,21 @@ class Uploads:
                 f"the upload is {int(length) >> 20} MiB; at most {max_bytes >> 20} MiB (--max-upload-mb)",
             )
         try:
-            form = await request.form(max_files=1, max_fields=32)
+            paced = Request(request.scope, paced_receive(request.receive))
+            form = await paced.form(max_files=1, max_fields=32)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ProtocolError("invalid_request", f"the form cannot be read: {exc}") from None
         asked = file_api.parse(form, task, self.engine.runner.spec)
         check_model(self.model, asked.model, log)
         return asked
+
+    def _check_seat(self) -> None:
+        if self.transcribing >= self.max_uploads:
+            raise UploadRefused(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                "too_many_uploads",
+                f"{self.transcribing} uploads are being transcribed",
+            )
 
     def _check_length(self, recording: Recording) -> None:
         """Refused before any of it is decoded; a header that says less meets the engine's own
@@ -156,6 +170,7 @@ class Uploads:
 
     def _start(self, asked: FileRequest, recording: Recording) -> Job:
         self.num_uploads += 1
+        self.transcribing += 1
         job = Job(f"upload-{self.num_uploads}-{time.monotonic_ns()}")
         self.routes[job.utterance_id] = job
         self.engine.add_utterance(
@@ -176,6 +191,7 @@ class Uploads:
     def _end(self, job: Job) -> None:
         if self.routes.pop(job.utterance_id, None) is not None:
             self.engine.abort(job.utterance_id)  # nothing, if it is done; its rows, if the client left
+        self.transcribing -= 1
         self._release()
 
     async def _stream(self, asked: FileRequest, job: Job, recording: Recording) -> AsyncIterator[str]:
@@ -238,3 +254,28 @@ class Uploads:
             job.events.put_nowait(exc)  # `_run` raises it: this upload alone ends
             return
         self.engine.finish_input(job.utterance_id)
+
+
+def paced_receive(receive: Receive) -> Receive:
+    """`receive` for a request body that must keep coming: `MIN_BODY_BYTES_PER_SECOND` of it for
+    each second past the first `BODY_GRACE_SECONDS`. A client that falls behind gets 408, and
+    its connection is closed with the rest of its body unread."""
+    loop = asyncio.get_running_loop()
+    start, received = loop.time(), 0
+
+    async def paced() -> Message:
+        nonlocal received
+        deadline = start + BODY_GRACE_SECONDS + received / MIN_BODY_BYTES_PER_SECOND
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError:
+            raise UploadRefused(
+                HTTPStatus.REQUEST_TIMEOUT,
+                "upload_too_slow",
+                f"the upload arrived slower than {MIN_BODY_BYTES_PER_SECOND >> 10} KiB a second",
+            ) from None
+        received += len(message.get("body", b""))
+        return message
+
+    return paced

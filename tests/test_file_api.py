@@ -6,6 +6,7 @@ same time."""
 import asyncio
 import io
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -244,6 +245,39 @@ def test_a_live_session_and_uploads_at_once_each_get_their_own_text(served):
     assert sorted(results) == ["live", "upload-0", "upload-1"]
     for text in results.values():
         assert word_error_rate(welcome_text(), text) <= 0.1, results
+
+
+def trickled_form(port: int) -> socket.socket:
+    """A request whose form's first bytes come, and then no more."""
+    head = (
+        "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: voxrt\r\n"
+        "Content-Type: multipart/form-data; boundary=XX\r\nContent-Length: 100000\r\n\r\n"
+        '--XX\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF'
+    )
+    connection = socket.create_connection(("127.0.0.1", port), timeout=60)
+    connection.sendall(head.encode())
+    return connection
+
+
+def response_of(connection: socket.socket) -> bytes:
+    """What the server answers, up to its close."""
+    answer = b""
+    while chunk := connection.recv(65536):
+        answer += chunk
+    return answer
+
+
+def test_clients_trickling_their_forms_hold_no_seat_and_are_cut_off(served):
+    """As many clients as there are seats (`--max-uploads` 2) send a form's first bytes and stop:
+    an upload beside them is transcribed at once, and each of them gets 408 once it falls behind
+    the pace a form must keep."""
+    # Their bytes are in before the upload's connection opens: the server reads them first.
+    trickling = [trickled_form(served.port) for _ in range(2)]
+    assert word_error_rate(welcome_text(), transcribe(served).text) <= 0.1
+    for connection in trickling:
+        with connection:
+            answer = response_of(connection)
+        assert answer.startswith(b"HTTP/1.1 408") and b"upload_too_slow" in answer, answer
 
 
 def test_keys_busy_and_a_client_gone_mid_stream(whisper_model, monkeypatch):
