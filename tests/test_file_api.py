@@ -121,20 +121,19 @@ def test_the_async_client_unchanged(served):
     assert events[-1].type == "transcript.text.done" and events[-1].text == whole.text
 
 
-def test_a_flac_at_44100_hz_in_stereo_reads_as_the_wav(served):
-    samples = load_audio_file(WELCOME)
-    stereo = soxr.resample(samples, 16000, 44100)
-    stereo = np.stack([stereo, stereo * 0.5], axis=1)
-    flac = io.BytesIO()
-    soundfile.write(flac, stereo, 44100, format="FLAC")
-    got = sdk(served).audio.transcriptions.create(file=("welcome.flac", flac.getvalue()), model="whisper-1")
-    assert word_error_rate(welcome_text(), got.text) <= 0.1, got.text
-
-
 def flac(samples: np.ndarray, rate: int = 16000) -> bytes:
     out = io.BytesIO()
     soundfile.write(out, samples, rate, format="FLAC")
     return out.getvalue()
+
+
+def test_a_flac_at_44100_hz_in_stereo_reads_as_the_wav(served):
+    samples = load_audio_file(WELCOME)
+    stereo = soxr.resample(samples, 16000, 44100)
+    stereo = np.stack([stereo, stereo * 0.5], axis=1)
+    file = ("welcome.flac", flac(stereo, 44100))
+    got = sdk(served).audio.transcriptions.create(file=file, model="whisper-1")
+    assert word_error_rate(welcome_text(), got.text) <= 0.1, got.text
 
 
 def broken_midway() -> bytes:
@@ -211,11 +210,11 @@ def test_an_hour_of_silence_in_a_few_hundred_kb_is_decoded_as_it_is_fed(served):
     with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
         memory = ResidentMemory(served.process.pid)
+        stream(ws, samples)  # sent whole: transcribed while the hour is
         got = sdk(served).audio.transcriptions.create(
             file=("hour.flac", hour), model="whisper-1", response_format="verbose_json", timeout=300
         )
         rss = memory.stop()
-        stream(ws, samples)
         live = events_until(ws, "transcription.done")[-1]["text"]
     assert word_error_rate(welcome_text(), got.text) <= 0.1, got.text
     assert got.duration == pytest.approx(3600 + len(samples) / 16000, abs=0.01)
@@ -270,14 +269,21 @@ def response_of(connection: socket.socket) -> bytes:
 def test_clients_trickling_their_forms_hold_no_seat_and_are_cut_off(served):
     """As many clients as there are seats (`--max-uploads` 2) send a form's first bytes and stop:
     an upload beside them is transcribed at once, and each of them gets 408 once it falls behind
-    the pace a form must keep."""
-    # Their bytes are in before the upload's connection opens: the server reads them first.
-    trickling = [trickled_form(served.port) for _ in range(2)]
-    assert word_error_rate(welcome_text(), transcribe(served).text) <= 0.1
-    for connection in trickling:
-        with connection:
-            answer = response_of(connection)
-        assert answer.startswith(b"HTTP/1.1 408") and b"upload_too_slow" in answer, answer
+    the pace a form must keep. A live session beside them gets its text."""
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        stream(ws, load_audio_file(WELCOME))  # sent whole: transcribed while the forms trickle
+        # Their bytes are in before the upload's connection opens: the server reads them first.
+        trickling = [trickled_form(served.port) for _ in range(2)]
+        assert word_error_rate(welcome_text(), transcribe(served).text) <= 0.1
+        for connection in trickling:
+            with connection:
+                answer = response_of(connection)
+            assert answer.startswith(b"HTTP/1.1 408") and b"upload_too_slow" in answer, answer
+        live = events_until(ws, "transcription.done")[-1]["text"]
+    assert word_error_rate(welcome_text(), live) <= 0.1, live
 
 
 def test_keys_busy_and_a_client_gone_mid_stream(whisper_model, monkeypatch):
