@@ -28,6 +28,14 @@ from realtime.server import RealtimeServer
 TINY_EN = ServedModel(name="whisper-tiny.en", names=frozenset({"whisper-tiny.en", "whisper"}))
 
 
+def unmeasured(**engine_settings) -> EngineConfig:
+    """An engine whose sessions only --max-sessions caps. Measured capacity would refuse the
+    many idle connections these tests open on 2 cores, or every session past the first on a
+    machine that something else keeps busy, and shedding would end their deliberately
+    overloaded sessions (tests/test_capacity.py tests admission and shedding)."""
+    return EngineConfig(capacity=CapacityConfig(target_busy=100, max_lag_seconds=3600), **engine_settings)
+
+
 class ServerThread:
     def __init__(
         self,
@@ -38,13 +46,7 @@ class ServerThread:
         max_sessions: int = 64,
     ):
         config.port = 0
-        # Measured capacity would refuse the many idle connections these tests open on
-        # 2 cores, and shedding would end their deliberately overloaded sessions: here only
-        # --max-sessions caps them (tests/test_capacity.py tests admission and shedding).
-        unmeasured = EngineConfig(
-            max_sessions=max_sessions, capacity=CapacityConfig(target_busy=100, max_lag_seconds=3600)
-        )
-        self.engine = Engine(runner, engine_config or unmeasured)
+        self.engine = Engine(runner, engine_config or unmeasured(max_sessions=max_sessions))
         self.server = RealtimeServer(self.engine, config, model)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
