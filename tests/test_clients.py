@@ -289,6 +289,14 @@ def test_soak_fails_a_server_whose_memory_grows_and_passes_one_that_holds_flat()
     assert len(failures) == 1 and "RSS grew 300 MB after warm-up" in failures[0]
 
 
+def test_soak_fails_a_server_slower_than_the_operators_latency_bound():
+    report = soak_report([300, 700, 760, 762, 761, 763, 760, 762]) | {"latency_s": {"p95": 4.8}}
+    assert soak.verdict(report, argparse.Namespace(max_p95_latency=3.0, max_rss_growth=200.0)) == [
+        "p95 delta latency 4.80 s > 3.0 s"
+    ]
+    assert soak.verdict(report, argparse.Namespace(max_p95_latency=5.0, max_rss_growth=200.0)) == []
+
+
 @pytest.mark.slow
 def test_demo_serves_and_transcribes_a_file(welcome, tmp_path):
     """README's main job: `voxrt demo [FILE]` serves the default model on a free port and
