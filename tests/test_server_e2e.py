@@ -16,7 +16,6 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from benchmarks.text import word_error_rate
 from realtime.config import ServedModel, ServerConfig
-from realtime.engine.config import EngineConfig
 from realtime.engine.loop import Engine
 from realtime.limits import ConnectionLimits
 from realtime.server import RealtimeServer
@@ -28,6 +27,7 @@ from tests.server_harness import (
     expect_error,
     hold_steps,
     stream,
+    unmeasured,
     wait_until,
 )
 from voxtral.whisper.runner import WhisperRunner
@@ -159,9 +159,7 @@ def test_frame_over_the_limit_is_closed_with_1009(server):
 
 
 def test_session_past_its_length_limit(whisper_model, monkeypatch):
-    harness = ServerThread(
-        WhisperRunner(whisper_model), ServerConfig(), EngineConfig(max_session_seconds=3.0)
-    )
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), unmeasured(max_session_seconds=3.0))
     try:
         with harness.connect() as ws:
             stream(ws, np.zeros(16000 * 5, np.float32), final=False)
