@@ -2,8 +2,7 @@
 run: `voxrt serve` inside it, its health answered inside and out, the bundled sample
 transcribed through it over a real socket, `voxrt demo` inside it.
 
-Minutes of building: not in the default run (`-m image`; `.ci/run` builds it on a worker of its
-own beside the rest, `pytest -n 2 -m ''`)."""
+Minutes of building: not in the default run (`-m image`, a step of its own in `.ci/run`)."""
 
 import subprocess
 import sys
