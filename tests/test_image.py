@@ -2,7 +2,11 @@
 run: `voxrt serve` inside it, its health answered inside and out, the bundled sample
 transcribed through it over a real socket, `voxrt demo` inside it.
 
-Minutes of building: not in the default run (`-m image`, a step of its own in `.ci/run`)."""
+Minutes of building: not in the default run (`-m image`; `.ci/run` builds it on a worker of its
+own beside the rest, `pytest -n 2 -m ''`). Everything here runs at the lowest CPU priority
+(`nice -n 19`): beside the suite it takes only the cycles the suite leaves, so the suite's
+servers, which time real speech and measure their own capacity, see the machine as if alone.
+Alone it loses nothing."""
 
 import subprocess
 import sys
@@ -13,15 +17,20 @@ from benchmarks.text import word_error_rate
 from tests.conftest import ROOT, SAMPLES
 from tests.server_harness import free_port, http_get, wait_until
 
-pytestmark = [pytest.mark.image, pytest.mark.timeout(2400)]  # the build: up to 1800 s
+pytestmark = [pytest.mark.image, pytest.mark.timeout(3600)]  # the build: up to 1800 s
 IMAGE = "localhost/voxrt:latest"
-BUILDAH = ["buildah", "--storage-driver", "vfs"]
+LOWEST_PRIORITY = ["nice", "-n", "19"]
+BUILDAH = [*LOWEST_PRIORITY, "buildah", "--storage-driver", "vfs"]
 
 
 @pytest.fixture(scope="module")
 def container():
     build = subprocess.run(
-        ["bash", "scripts/build-image.sh"], cwd=ROOT, capture_output=True, text=True, timeout=1800
+        [*LOWEST_PRIORITY, "bash", "scripts/build-image.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert build.returncode == 0, build.stdout + build.stderr
     print(build.stdout.strip().splitlines()[-1])
@@ -53,14 +62,14 @@ def test_the_image_serves_and_transcribes(container):
     )
     try:
         http = f"http://127.0.0.1:{port}"
-        wait_until(lambda: server.poll() is not None or http_get(http + "/health/ready")[0] == 200, 120)
+        wait_until(lambda: server.poll() is not None or http_get(http + "/health/ready")[0] == 200, 600)
         assert server.poll() is None, server.stdout.read()
         assert http_get(http + "/health/live")[0] == 200  # from outside the container
-        probe = "import urllib.request as u, sys; print(u.urlopen(sys.argv[1], timeout=5).status)"
+        probe = "import urllib.request as u, sys; print(u.urlopen(sys.argv[1], timeout=60).status)"
         for path in ("/health/live", "/health/ready"):  # and from inside it
-            answer = inside(container, "python3", "-c", probe, http + path, timeout=60)
+            answer = inside(container, "python3", "-c", probe, http + path, timeout=300)
             assert answer.stdout.strip() == "200", answer.stderr
-        assert inside(container, "id", "-un", timeout=60).stdout.strip() == "voxrt"
+        assert inside(container, "id", "-un", timeout=300).stdout.strip() == "voxrt"
         client = subprocess.run(
             [
                 sys.executable,
@@ -76,7 +85,7 @@ def test_the_image_serves_and_transcribes(container):
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=600,
         )
         if client.returncode != 0:
             server.terminate()
@@ -86,7 +95,7 @@ def test_the_image_serves_and_transcribes(container):
     finally:
         server.terminate()
         server.wait(timeout=60)
-    demo = inside(container, "voxrt", "demo", timeout=300)
+    demo = inside(container, "voxrt", "demo", timeout=600)
     assert demo.returncode == 0, demo.stderr
     print(demo.stdout.strip())
     assert "weather" in demo.stdout.lower()
