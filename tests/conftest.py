@@ -21,15 +21,6 @@ settings.register_profile("voxrt", derandomize=True, print_blob=True)
 settings.load_profile("voxrt")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Two groups for `pytest -n 2` (pytest-xdist, `--dist loadgroup`): the image's build, minutes
-    of unpacking and copying, on one worker; every other test, one at a time, on the other. The
-    suite's tests stream speech in real time and time servers that use both cores: two of them
-    at once would each see a machine half as fast."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("image" if item.get_closest_marker("image") else "suite"))
-
-
 _spoken: dict[tuple[str, str, int, int], Path] = {}  # each clip is synthesized once per run
 
 

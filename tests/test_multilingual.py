@@ -87,6 +87,7 @@ def speech(tmp_path, language: str) -> np.ndarray:
 
 
 @pytest.mark.slow
+@pytest.mark.untimed
 def test_sessions_in_five_languages_batched_each_get_their_own(base_runner, tmp_path):
     from voxtral.whisper.weights import cache_dir
 
@@ -130,6 +131,7 @@ ENGLISH_LOOKING = {
 
 
 @pytest.mark.slow
+@pytest.mark.untimed
 def test_a_language_that_starts_like_english_is_detected_from_more_speech(base_runner, tmp_path):
     from voxtral.whisper.weights import cache_dir
 

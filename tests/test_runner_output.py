@@ -15,6 +15,8 @@ from scheduler import Request
 from voxtral.loading import load_model
 from voxtral.whisper.runner import WhisperRunner
 
+pytestmark = pytest.mark.untimed
+
 
 def guard_requests(engine: Engine, monkeypatch) -> list[str]:
     """Every write to a `Request` made inside the runner's `submit`, by field name."""

@@ -13,6 +13,8 @@ from tests.fixtures.tiny_voxtral import build_tiny_voxtral
 from tests.voxtral_harness import Feed, drive, pieces, shift_positions, voxtral_engine
 from voxtral.voxtral_realtime.rotary import ExactRotary
 
+pytestmark = pytest.mark.untimed
+
 
 @pytest.mark.slow
 def test_a_session_past_8192_items_completes_with_flat_memory_and_bounded_caches(tmp_path):

@@ -25,6 +25,8 @@ from tests.voxtral_harness import (
     voxtral_engine,
 )
 
+pytestmark = pytest.mark.untimed
+
 SECONDS = 2.5
 
 

@@ -23,6 +23,8 @@ from voxtral.whisper.weights import (
     package_model_dir,
 )
 
+pytestmark = pytest.mark.untimed
+
 
 @pytest.fixture(scope="module", params=[TINY_EN, BASE])
 def source_dir(request, tmp_path_factory) -> Path:

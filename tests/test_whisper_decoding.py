@@ -10,6 +10,8 @@ from voxtral.whisper.half_weights import HalfWeightLinear
 from voxtral.whisper.loop_guard import LoopGuard
 from voxtral.whisper.words import TokenWords
 
+pytestmark = pytest.mark.untimed
+
 NOTHING = np.zeros(0, np.float32)
 
 

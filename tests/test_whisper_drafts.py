@@ -15,6 +15,8 @@ from voxtral.whisper.model import Hypothesis, WhisperModel
 from voxtral.whisper.policy import WhisperPolicy
 from voxtral.whisper.stream import POSITIONS_PER_SECOND
 
+pytestmark = pytest.mark.untimed
+
 # (start, end) seconds of `two_cities`: windows of different lengths, decoded together.
 WINDOWS = [(0.0, 4.0), (3.0, 11.5), (20.0, 27.0), (30.0, 33.0)]
 # Of those, the windows whose greedy decode ends at end of text, not at a loop the guard

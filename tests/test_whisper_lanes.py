@@ -3,6 +3,8 @@ windows decoded together in one batch say: the lanes change when text comes, not
 
 import threading
 
+import pytest
+
 from benchmarks.real_speech import recording
 from realtime.engine.events import Delta
 from realtime.engine.loop import Engine
@@ -10,6 +12,8 @@ from tests.test_whisper_streaming import stream_through_engine
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.policy import WhisperPolicy
 from voxtral.whisper.runner import WhisperRunner
+
+pytestmark = pytest.mark.untimed
 
 SESSIONS = {"beckett": (0, 10), "two_cities": (0, 14), "endgame_nagg_nell": (4, 18)}  # seconds of each
 

@@ -15,6 +15,8 @@ from tests.engine_events import listen
 from voxtral.runner import Transcription
 from voxtral.whisper.runner import WhisperRunner
 
+pytestmark = pytest.mark.untimed
+
 # Each voice reads its own passage, so a session that read another's window would fail.
 PASSAGES = [
     "Good morning everyone. Today we will talk about the weather in the city. It was raining all night, "

@@ -12,6 +12,8 @@ from tests.test_turns import stream_stepped
 from voxtral.whisper.policy import WhisperPolicy
 from voxtral.whisper.runner import WhisperRunner
 
+pytestmark = pytest.mark.untimed
+
 
 def streamed_words(runner: WhisperRunner, audio: np.ndarray) -> str:
     """The final text of `audio` sent in 100 ms chunks, one engine step after each, normalized."""
