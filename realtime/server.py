@@ -294,9 +294,12 @@ class RealtimeServer:
                 server.close()  # new connections are refused; the open ones go on
         for connection in list(self.connections):
             connection.finish_all()
-        waits = [c.idle.wait() for c in self.connections] + [self.uploads.idle.wait()]
-        if self.engine.alive:
-            await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=self.config.drain_seconds)
+        if self.engine.alive:  # a dead engine finishes nothing: nobody is waited for
+            idles = [c.idle for c in self.connections] + [self.uploads.idle]
+            waits = [asyncio.ensure_future(idle.wait()) for idle in idles]
+            await asyncio.wait(waits, timeout=self.config.drain_seconds)
+            for wait in waits:
+                wait.cancel()  # those still waiting: their connections are closed next
         # All at once, each after its queued events and bounded: a peer that never answers
         # holds no other close.
         if self.engine.alive:
