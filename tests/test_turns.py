@@ -128,6 +128,57 @@ def test_a_step_decodes_one_window_of_a_turn_going_on_and_the_others_wait_counte
     assert rounds >= 5 and waited > 0
 
 
+def feed(engine: Engine, name: str, audio: np.ndarray, arrived_from: float) -> None:
+    """`audio` in 0.1 s items, as a real-time client's: the item ending `t` s into it arrived
+    at `arrived_from + t`."""
+    for offset in range(0, len(audio), 1600):
+        engine.add_audio(name, audio[offset : offset + 1600], arrived_from + (offset + 1600) / 16000)
+
+
+def decoded_by_one_step(engine: Engine, names: tuple[str, ...]) -> list[str]:
+    before = {n: engine.utterances[n].state.decoded_until for n in names}
+    engine.run_once()
+    return [n for n in names if engine.utterances[n].state.decoded_until != before[n]]
+
+
+def decoded_for_a_while(engine: Engine, name: str, audio: np.ndarray) -> None:
+    engine.add_utterance(name)
+    engine.add_audio(name, audio)
+    engine.run_once()
+    while engine.utterances[name].request.wants_step:
+        engine.run_once()
+    assert engine.utterances[name].state.decoded_until * 160 > len(audio) - 8000
+
+
+def test_the_window_due_longest_goes_first_whenever_its_session_began(whisper_runner, tmp_path):
+    """Positions count from each session's start: a session that began earlier has the later
+    due positions, and its window, due for longer, still goes first."""
+    speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
+    engine = Engine(whisper_runner)  # one lane: a window of a turn going on per step
+    decoded_for_a_while(engine, "older", speech[: 16000 * 3])
+    engine.add_utterance("newer")
+    engine.run_once()
+    now = time.monotonic()
+    feed(engine, "older", speech[16000 * 3 : 16000 * 5], now)  # due 0.5 s after its last decode
+    feed(engine, "newer", speech[: int(16000 * 1.2)], now + 0.8)  # due once 0.5 s of it is speech
+    assert decoded_by_one_step(engine, ("older", "newer")) == ["older"]
+
+
+def test_a_client_faster_than_real_time_waits_behind_windows_due_before_it(whisper_runner, tmp_path):
+    """A client sending faster than real time has audio due as soon as its last decode began:
+    the real-time session whose window fell due earlier goes first, however much audio the
+    fast one holds."""
+    speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
+    engine = Engine(whisper_runner)
+    decoded_for_a_while(engine, "fast", speech[: 16000 * 4])
+    engine.add_utterance("steady")
+    engine.run_once()
+    now = time.monotonic()
+    engine.add_audio("fast", speech[16000 * 4 :], now)  # the rest of the sentence at once
+    feed(engine, "steady", speech[: int(16000 * 1.2)], now - 1.2)  # the last 1.2 s, in real time
+    assert decoded_by_one_step(engine, ("fast", "steady")) == ["steady"]
+
+
 def test_speech_events_fire_in_order_at_the_speech_bounds(whisper_runner, tmp_path):
     first = espeak("It was raining all night.", tmp_path / "a.wav")
     second = espeak("But the sun came out this morning.", tmp_path / "b.wav")

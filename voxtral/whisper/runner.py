@@ -5,6 +5,8 @@ utterance is not decoded, and when speech stops its window is decoded once more 
 committed whole (endpointing), so the next sentence starts a fresh window.
 """
 
+import math
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -127,6 +129,19 @@ class WhisperRunner:
         update = round(p.update_seconds * POSITIONS_PER_SECOND)
         return max(state.turns[0].start + round(least * POSITIONS_PER_SECOND), state.decoded_until + update)
 
+    def _due_since(self, request: Request, state: WhisperStream, end: int) -> float:
+        """When, on the server's clock, the decode of a turn going on fell due: the audio that made
+        it due arrived then, or, for audio that came sooner (a client faster than real time), its
+        last decode began then. Positions cannot order them: each utterance counts from its own start."""
+        due = self._due_from(state)
+        if due is None:
+            return -math.inf  # a turn that ended: not ordered
+        if end < due:
+            return math.inf  # not due
+        ids = request.input_ids_in_window(due - 1, due)
+        arrived = request.item(ids[0]).arrived_at if ids else -math.inf
+        return max(arrived, state.decoded_at)
+
     def release(self, state: WhisperStream) -> None:
         """An upload's window in decoding is dropped (its decode ends on its own); nothing else is
         per-utterance: the window lives in the encoder cache."""
@@ -152,8 +167,8 @@ class WhisperRunner:
         for request, state, end, final in step.values():
             if request.priority:
                 self._upload_step(request, state, end, final, updates[request.request_id], result)
-        # The longest due first (a turn that ended, None, takes no room: any place will do).
-        due = sorted((d for d in step.values() if not d[0].priority), key=lambda d: self._due_from(d[1]) or 0)
+        # The longest due first (a turn that ended takes no room: any place will do).
+        due = sorted((d for d in step.values() if not d[0].priority), key=lambda d: self._due_since(*d[:3]))
         going_on = 0  # windows of turns going on planned this step
         # Rounds: a window that committed a turn whole, with more turns heard behind it, is
         # planned again on the same audio (only a faster-than-real-time client gets there).
@@ -295,6 +310,6 @@ class WhisperRunner:
         items = [request.item(i) for i in ids]
         raw = torch.cat([self.store[item.mm_hash] for item in items], dim=1)
         raw = raw[:, state.window_start - items[0].offset : end - items[0].offset]
-        state.decoded_until = end
+        state.decoded_until, state.decoded_at = end, time.monotonic()
         heard = (end - turn.start) / POSITIONS_PER_SECOND
         return Window(request, state, update, raw, end, final and not state.turns, ended, items, heard)

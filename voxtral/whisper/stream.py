@@ -1,5 +1,6 @@
 """One Whisper utterance's streaming state, and the window a step decodes for it."""
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ class WhisperStream:
     turns: deque[Speech] = field(default_factory=deque)
     heard_until: int = 0  # where the last turn's window ended
     decoded_until: int = 0  # the end of the last window decoded
+    decoded_at: float = -math.inf  # when its decode began (`time.monotonic()`)
     language: str | None = None  # None until a multilingual model decides it
     # A multilingual model's guesses at the language so far, each a probability per language.
     language_guesses: list[torch.Tensor] = field(default_factory=list)
