@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine: Debian packages for speech synthesis and the microphone,
-# then a virtual environment with voxrt and its test and client extras.
+# and, beside them, a virtual environment with voxrt and its test and client extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,9 +11,12 @@ command -v flite >/dev/null || need+=(flite)  # a second speech engine for bench
 command -v chromium >/dev/null || need+=(chromium)  # the browser page's test, driven by Playwright
 command -v haproxy >/dev/null || need+=(haproxy)  # deploy/haproxy.cfg, tested in front of 2 replicas
 ldconfig -p 2>/dev/null | grep -q libportaudio.so.2 || need+=(libportaudio2)
+# apt's minutes on a bare machine overlap pip's: neither needs the other.
+apt=""
 if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null) &
+        apt=$!
     else
         echo "setup: please install ${need[*]} (Debian/Ubuntu: sudo apt-get install ${need[*]})" >&2
     fi
@@ -26,3 +29,4 @@ export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 # (Some packages ship files for other Pythons that never compile: its status is not ours.)
 .venv/bin/pip install -q --disable-pip-version-check --no-compile -e '.[test,clients,multilingual]'
 .venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages >/dev/null || true
+[ -z "$apt" ] || wait "$apt"  # its failure is setup's
