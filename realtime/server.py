@@ -32,7 +32,7 @@ from realtime.metrics import Metrics
 from realtime.progress import EngineProgress
 from realtime.protocols import openai_wire
 from realtime.protocols import vllm as protocol
-from realtime.sockets import QuietUvicorn, listening_socket, uvicorn_server
+from realtime.sockets import QuietUvicorn, deny, listening_socket, uvicorn_server
 from realtime.uploads import UploadRefused, Uploads
 
 log = structlog.get_logger("voxrt.server")
@@ -149,7 +149,7 @@ class RealtimeServer:
         return HTMLResponse(PAGE.read_text())
 
     async def _no_such_socket(self, websocket: WebSocket) -> None:
-        await websocket.send_denial_response(PlainTextResponse("not found\n", HTTPStatus.NOT_FOUND))
+        await deny(websocket, PlainTextResponse("not found\n", HTTPStatus.NOT_FOUND))
 
     async def _transcriptions(self, request: Request) -> Response:
         return await self._upload(request, "transcribe")
@@ -224,7 +224,7 @@ class RealtimeServer:
 
     async def _realtime(self, websocket: WebSocket) -> None:
         if (refusal := self._refuse_upgrade(websocket)) is not None:
-            await websocket.send_denial_response(refusal)
+            await deny(websocket, refusal)
             return
         try:
             # A browser that offered subprotocols refuses an upgrade that picks none; OpenAI's

@@ -1,11 +1,15 @@
 """The listening socket and uvicorn's server on it: what every accepted connection inherits."""
 
 import contextlib
+import logging
 import socket
 from collections.abc import Iterator
+from contextvars import ContextVar
 
 import uvicorn
+from starlette.responses import Response
 from starlette.types import ASGIApp
+from starlette.websockets import WebSocket
 
 # What the kernel buffers per connection before a client's sends block: small, so that a
 # client uploading faster than the engine consumes waits in its own send call, and a
@@ -14,6 +18,28 @@ RECEIVE_BUFFER_BYTES = 256 << 10
 # How long the kernel keeps a connection whose peer takes none of what is sent: a client
 # that stopped reading, or a close frame it never reads, ends here (ASGI cannot abort a socket).
 UNACKNOWLEDGED_SECONDS = 30
+
+
+# uvicorn's websockets-sansio protocol never counts a denial response as the handshake's end,
+# so once the app returns it logs "returned without completing handshake" as an error
+# (Kludex/uvicorn#3138): an operator alerting on errors would be paged by every refusal.
+# Set in the connection's own task, which uvicorn logs from.
+_denied: ContextVar[bool] = ContextVar("denied", default=False)
+_INCOMPLETE_HANDSHAKE = "ASGI callable returned without completing handshake."
+
+
+class _DenialIsAnAnswer(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_denied.get() and record.msg == _INCOMPLETE_HANDSHAKE)
+
+
+_denial_is_an_answer = _DenialIsAnAnswer()
+
+
+async def deny(websocket: WebSocket, response: Response) -> None:
+    """Refuse a WebSocket's upgrade with an HTTP response."""
+    _denied.set(True)
+    await websocket.send_denial_response(response)
 
 
 class QuietUvicorn(uvicorn.Server):
@@ -26,6 +52,7 @@ class QuietUvicorn(uvicorn.Server):
 
 
 def uvicorn_server(app: ASGIApp, max_frame_bytes: int, close_seconds: float) -> QuietUvicorn:
+    logging.getLogger("uvicorn.error").addFilter(_denial_is_an_answer)  # once: the same filter
     return QuietUvicorn(
         uvicorn.Config(
             app,

@@ -3,6 +3,7 @@
 import asyncio
 import io
 import json
+import logging
 import socket
 import threading
 import time
@@ -19,6 +20,7 @@ from realtime.config import ServedModel, ServerConfig
 from realtime.engine.loop import Engine
 from realtime.limits import ConnectionLimits
 from realtime.server import RealtimeServer
+from realtime.sockets import uvicorn_server
 from tests.conftest import espeak
 from tests.server_harness import (
     ServerThread,
@@ -173,7 +175,7 @@ def test_session_past_its_length_limit(whisper_model, monkeypatch):
         harness.stop()
 
 
-def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
+def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model, caplog):
     harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(api_key="s3cret"), max_sessions=2)
     try:
         with pytest.raises(InvalidStatus) as refused:
@@ -206,8 +208,28 @@ def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model):
         metrics = harness.metrics()
         assert metrics["voxrt_errors_total{code=unauthorized}"] == 3
         assert metrics["voxrt_refusals_total{reason=server_busy}"] == 1
+        # A refusal is the server's answer: nothing logs it as an error.
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         harness.stop()
+
+
+def test_a_handshake_left_incomplete_without_a_denial_is_still_an_error():
+    """Only the server's own refusals are kept out of the error log: an upgrade the app left
+    unanswered is a bug, and is logged as one."""
+
+    async def app(scope, receive, send) -> None:
+        pass
+
+    uvicorn_server(app, max_frame_bytes=1 << 20, close_seconds=1)
+    record = logging.makeLogRecord(
+        {
+            "name": "uvicorn.error",
+            "levelno": logging.ERROR,
+            "msg": "ASGI callable returned without completing handshake.",
+        }
+    )
+    assert logging.getLogger("uvicorn.error").filter(record)
 
 
 @pytest.mark.slow
