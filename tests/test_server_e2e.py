@@ -175,32 +175,43 @@ def test_session_past_its_length_limit(whisper_model, monkeypatch):
         harness.stop()
 
 
-def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model, caplog):
+def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model, welcome, caplog):
+    """Wrong keys and one session too many are refused at the upgrade, while a session
+    streaming beside them gets its whole text."""
     harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(api_key="s3cret"), max_sessions=2)
+    samples, text = welcome
+    auth = {"additional_headers": {"Authorization": "Bearer s3cret"}}
     try:
-        with pytest.raises(InvalidStatus) as refused:
-            harness.connect()
-        assert refused.value.response.status_code == 401
-        with pytest.raises(InvalidStatus) as refused:
-            harness.connect(additional_headers={"Authorization": "Bearer wrong"})
-        assert refused.value.response.status_code == 401
-        with pytest.raises(InvalidStatus) as refused:
-            harness.connect(subprotocols=["realtime", "openai-insecure-api-key.wrong"])
-        assert refused.value.response.status_code == 401
-        # A browser's way: the key as a subprotocol; the server picks `realtime`, never the key.
-        with harness.connect(subprotocols=["realtime", "openai-insecure-api-key.s3cret"]) as browser:
-            assert browser.subprotocol == "realtime"
-        auth = {"additional_headers": {"Authorization": "Bearer s3cret"}}
-        assert health(harness, "/health/ready") == (200, "ok")
-        with harness.connect(**auth), harness.connect(**auth):
+        with harness.connect(**auth) as bystander:
+            half = len(samples) // 2
+            stream(bystander, samples[:half], final=False)
             with pytest.raises(InvalidStatus) as refused:
-                harness.connect(**auth)
-            assert refused.value.response.status_code == 503
-            assert refused.value.response.headers["Retry-After"] == "5"
-            assert json.loads(refused.value.response.body)["code"] == "server_busy"
-            # Full: a load balancer sends it no new sessions, but it is alive.
-            assert health(harness, "/health/ready") == (503, "at_capacity")
-            assert health(harness, "/health/live") == (200, "at_capacity")
+                harness.connect()
+            assert refused.value.response.status_code == 401
+            with pytest.raises(InvalidStatus) as refused:
+                harness.connect(additional_headers={"Authorization": "Bearer wrong"})
+            assert refused.value.response.status_code == 401
+            with pytest.raises(InvalidStatus) as refused:
+                harness.connect(subprotocols=["realtime", "openai-insecure-api-key.wrong"])
+            assert refused.value.response.status_code == 401
+            # A browser's way: the key as a subprotocol; the server picks `realtime`, never the key.
+            with harness.connect(subprotocols=["realtime", "openai-insecure-api-key.s3cret"]) as browser:
+                assert browser.subprotocol == "realtime"
+            assert health(harness, "/health/ready") == (200, "ok")
+            with harness.connect(**auth):
+                with pytest.raises(InvalidStatus) as refused:
+                    harness.connect(**auth)
+                assert refused.value.response.status_code == 503
+                assert refused.value.response.headers["Retry-After"] == "5"
+                assert json.loads(refused.value.response.body)["code"] == "server_busy"
+                # Full: a load balancer sends it no new sessions, but it is alive.
+                assert health(harness, "/health/ready") == (503, "at_capacity")
+                assert health(harness, "/health/live") == (200, "at_capacity")
+            for offset in range(half, len(samples), 3200):
+                bystander.send(append_event(samples[offset : offset + 3200]))
+            bystander.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+            done = events_until(bystander, "transcription.done")[-1]
+            assert word_error_rate(text, done["text"]) <= 0.1, done["text"]
         deadline = time.monotonic() + 10
         while health(harness, "/health/ready")[0] != 200:
             assert time.monotonic() < deadline, "never ready again after the connections closed"
