@@ -28,12 +28,8 @@ _denied: ContextVar[bool] = ContextVar("denied", default=False)
 _INCOMPLETE_HANDSHAKE = "ASGI callable returned without completing handshake."
 
 
-class _DenialIsAnAnswer(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (_denied.get() and record.msg == _INCOMPLETE_HANDSHAKE)
-
-
-_denial_is_an_answer = _DenialIsAnAnswer()
+def _denial_is_an_answer(record: logging.LogRecord) -> bool:
+    return not (_denied.get() and record.msg == _INCOMPLETE_HANDSHAKE)
 
 
 async def deny(websocket: WebSocket, response: Response) -> None:

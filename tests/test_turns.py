@@ -3,6 +3,7 @@ words committed inside long sentences, and opt-in interim text."""
 
 import json
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -112,9 +113,7 @@ def test_a_step_decodes_one_window_of_a_turn_going_on_and_the_others_wait_counte
             engine.add_audio(name, speech[offset : offset + 9600])
         decoded: list[str] = []
         for _ in names:  # the steps after the first get no new audio: what waits is decoded
-            before = {n: engine.utterances[n].state.decoded_until for n in names}
-            engine.run_once()
-            now = [n for n in names if engine.utterances[n].state.decoded_until != before[n]]
+            now = decoded_by_one_step(engine, names)
             assert len(now) <= 1, now
             decoded += now
             computed = {n: engine.utterances[n].request.num_computed * 160 for n in names}
@@ -135,7 +134,7 @@ def feed(engine: Engine, name: str, audio: np.ndarray, arrived_from: float) -> N
         engine.add_audio(name, audio[offset : offset + 1600], arrived_from + (offset + 1600) / 16000)
 
 
-def decoded_by_one_step(engine: Engine, names: tuple[str, ...]) -> list[str]:
+def decoded_by_one_step(engine: Engine, names: Sequence[str]) -> list[str]:
     before = {n: engine.utterances[n].state.decoded_until for n in names}
     engine.run_once()
     return [n for n in names if engine.utterances[n].state.decoded_until != before[n]]
