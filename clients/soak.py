@@ -151,18 +151,21 @@ async def worker(
         await connection.close()
 
 
-def rss_growth_mb(samples: list[dict], warmup_until: float) -> float:
-    """RSS at the end less RSS at the end of the warm-up."""
-    after_warmup = [s["rss_mb"] for s in samples if s["t"] >= warmup_until] or [samples[-1]["rss_mb"]]
-    return after_warmup[-1] - after_warmup[0]
-
-
 def rss_slope_mb_per_hour(samples: list[dict], warmup_until: float) -> float:
+    """The least-squares line through RSS after the warm-up: a server's RSS saw-tooths by a
+    hundred MB as windows are allocated and the heap is trimmed, so two samples say little."""
     points = [(s["t"], s["rss_mb"]) for s in samples if s["t"] >= warmup_until]
     if len(points) < 3:
         return 0.0
     t, rss = np.array(points).T
     return float(np.polyfit(t / 3600, rss, 1)[0])
+
+
+def rss_growth_mb(samples: list[dict], warmup_until: float) -> float:
+    """What that line rose over the run after the warm-up."""
+    times = [s["t"] for s in samples if s["t"] >= warmup_until]
+    span_hours = (times[-1] - times[0]) / 3600 if times else 0.0
+    return rss_slope_mb_per_hour(samples, warmup_until) * span_hours
 
 
 async def soak(args: argparse.Namespace) -> dict:
