@@ -264,7 +264,9 @@ def test_client_that_vanishes_mid_stream_leaves_nothing(server, welcome):
     assert metrics["voxrt_feature_cache_bytes"] <= server.engine.feature_cache.capacity_bytes
 
 
-def test_client_that_stops_reading_is_closed(whisper_model):
+def test_client_that_stops_reading_is_closed(whisper_model, welcome):
+    """A client that sends and never reads is closed, its seat freed, while a session streaming
+    beside it gets its whole text."""
     # No event-rate limit: it would close this client before its unread events pile up.
     config = ServerConfig(limits=ConnectionLimits(outbox_events=8, max_events_per_second=1e9))
     harness = ServerThread(WhisperRunner(whisper_model), config)
@@ -286,11 +288,17 @@ def test_client_that_stops_reading_is_closed(whisper_model):
                 while not stop.is_set():
                     ws.send(junk)
 
-        # From a thread: once the server stops reading, a send waits until the socket goes.
-        flooding = threading.Thread(target=flood)
-        flooding.start()
-        wait_until(lambda: harness.metrics().get("voxrt_errors_total{code=slow_consumer}", 0) >= 1, 60)
-        # Its seat is free before the kernel gives up on the socket the server left unread.
+        samples, text = welcome
+        with harness.connect() as bystander:
+            stream(bystander, samples)  # sent whole: transcribed while the flood goes on
+            # From a thread: once the server stops reading, a send waits until the socket goes.
+            flooding = threading.Thread(target=flood)
+            flooding.start()
+            wait_until(lambda: harness.metrics().get("voxrt_errors_total{code=slow_consumer}", 0) >= 1, 60)
+            # Its seat is free before the kernel gives up on the socket the server left unread.
+            wait_until(lambda: harness.metrics()["voxrt_connections_active"] == 1, 30)
+            done = events_until(bystander, "transcription.done")[-1]
+            assert word_error_rate(text, done["text"]) <= 0.1, done["text"]
         assert wait_until_idle(harness)["voxrt_connections_active"] == 0
         assert harness.metrics()["voxrt_errors_total{code=slow_consumer}"] == 1
         stop.set()
