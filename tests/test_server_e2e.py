@@ -33,6 +33,7 @@ from tests.server_harness import (
     unmeasured,
     wait_until,
 )
+from tests.test_walls_server import Bystander
 from voxtral.whisper.runner import WhisperRunner
 
 FIRST_SECONDS = (
@@ -286,17 +287,13 @@ def test_client_that_stops_reading_is_closed(whisper_model, welcome):
                 while not stop.is_set():
                     ws.send(junk)
 
-        samples, text = welcome
-        with harness.connect() as bystander:
-            stream(bystander, samples)  # sent whole: transcribed while the flood goes on
+        with Bystander(harness, welcome[0][: 16000 * 4]):
             # From a thread: once the server stops reading, a send waits until the socket goes.
             flooding = threading.Thread(target=flood)
             flooding.start()
             wait_until(lambda: harness.metrics().get("voxrt_errors_total{code=slow_consumer}", 0) >= 1, 60)
             # Its seat is free before the kernel gives up on the socket the server left unread.
             wait_until(lambda: harness.metrics()["voxrt_connections_active"] == 1, 30)
-            done = events_until(bystander, "transcription.done")[-1]
-            assert word_error_rate(text, done["text"]) <= 0.1, done["text"]
         assert wait_until_idle(harness)["voxrt_connections_active"] == 0
         assert harness.metrics()["voxrt_errors_total{code=slow_consumer}"] == 1
         stop.set()
