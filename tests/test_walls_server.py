@@ -2,7 +2,6 @@
 path survives the failure it meets, and every seat, slot and cache row of the dead comes back."""
 
 import asyncio
-import base64
 import json
 import socket
 import struct
@@ -16,7 +15,6 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from benchmarks.text import word_error_rate
-from clients.audio import float32_to_pcm16
 from realtime.config import ConfigError, ServerConfig
 from realtime.engine.loop import Engine
 from realtime.limits import ConnectionLimits
@@ -25,6 +23,7 @@ from realtime.server import RealtimeServer
 from tests.server_harness import (
     TINY_EN,
     ServerThread,
+    append_event,
     events_until,
     expect_error,
     hold_steps,
@@ -85,12 +84,6 @@ class Bystander(threading.Thread):
             assert not any(e["type"] == "error" for e in self.events)
 
 
-def audio_event(samples) -> str:
-    return json.dumps(
-        {"type": "input_audio_buffer.append", "audio": base64.b64encode(float32_to_pcm16(samples)).decode()}
-    )
-
-
 def hostile(event: dict) -> str:
     """`event` as JSON, with each "@" a lone surrogate's escape."""
     return json.dumps(event).replace("@", SURROGATE)
@@ -120,7 +113,7 @@ def test_a_lone_surrogate_prompt_ends_no_other_session(whisper_model, welcome, w
         ):
             attacker.recv(timeout=10)  # created
             for event in events:
-                attacker.send(event if event is not None else audio_event(samples[:16000]))
+                attacker.send(event if event is not None else append_event(samples[:16000]))
             gate.set()
             refused = json.loads(attacker.recv(timeout=30))
             assert refused["type"] == "error" and "Unicode" in json.dumps(refused), refused
@@ -201,7 +194,7 @@ def test_a_connection_holds_at_most_its_utterances_and_admission_counts_them(
             assert json.loads(ws.recv(timeout=10))["type"] == "session.updated"
             kinds = []
             for _ in range(3):
-                ws.send(audio_event(samples[:16000]))
+                ws.send(append_event(samples[:16000]))
                 ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             ws.send(json.dumps({"type": "session.update"}))  # a marker: everything before it answered
             while (event := json.loads(ws.recv(timeout=10)))["type"] != "session.updated":
