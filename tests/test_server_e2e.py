@@ -112,8 +112,8 @@ def test_happy_path_streams_deltas_before_the_final_commit(server, welcome):
     assert metrics["voxrt_time_to_first_delta_seconds_count"] >= 1
 
 
-def test_every_client_mistake_gets_its_error_code(server):
-    with server.connect() as ws:
+def test_every_client_mistake_gets_its_error_code(server, welcome):
+    with Bystander(server, welcome[0][: 16000 * 4]), server.connect() as ws:
         expect_error(ws, "{not json", "invalid_json")
         expect_error(ws, "[1, 2]", "invalid_event")
         expect_error(ws, '"just a string"', "invalid_event")
@@ -152,8 +152,8 @@ def test_every_client_mistake_gets_its_error_code(server):
     assert metrics["voxrt_encoder_cache_rows"] == 0
 
 
-def test_frame_over_the_limit_is_closed_with_1009(server):
-    with server.connect() as ws:
+def test_frame_over_the_limit_is_closed_with_1009(server, welcome):
+    with Bystander(server, welcome[0][: 16000 * 4]), server.connect() as ws:
         ws.send(append_event(np.zeros(200_000, np.float32)))  # ~530 kB of JSON
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
