@@ -18,6 +18,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import ClientConnection, connect
 
+from benchmarks.text import word_error_rate
 from clients.audio import float32_to_pcm16
 from realtime.config import ServedModel, ServerConfig
 from realtime.engine.capacity import CapacityConfig
@@ -25,6 +26,9 @@ from realtime.engine.config import EngineConfig
 from realtime.engine.loop import Engine
 from realtime.server import RealtimeServer
 
+# The first sentence of clients/samples/welcome.wav, all said in its first WELCOME_SECONDS.
+WELCOME_SECONDS = 4
+WELCOME_WORDS = "Good morning everyone. Today we will talk about the weather in the city."
 TINY_EN = ServedModel(name="whisper-tiny.en", names=frozenset({"whisper-tiny.en", "whisper"}))
 
 
@@ -225,3 +229,38 @@ class ServerProcess:
         if self.log is not None:
             self.log.close()
         return code
+
+
+class Bystander(threading.Thread):
+    """A client streaming the first sentence of the welcome sample (`WELCOME_WORDS`) on the vLLM
+    wire: its events, until done or an error."""
+
+    def __init__(self, harness: ServerThread, welcome_audio: np.ndarray) -> None:
+        super().__init__()
+        self.harness, self.samples = harness, welcome_audio[: 16000 * WELCOME_SECONDS]
+        self.events: list[dict] = []
+        self.streamed = threading.Event()
+
+    def run(self) -> None:
+        with self.harness.connect() as ws:
+            stream(ws, self.samples)
+            self.streamed.set()
+            while not self.events or self.events[-1]["type"] not in ("transcription.done", "error"):
+                self.events.append(json.loads(ws.recv(timeout=120)))
+
+    def text(self) -> str:
+        assert self.events[-1]["type"] == "transcription.done", self.events[-1]
+        return self.events[-1]["text"]
+
+    def __enter__(self) -> "Bystander":
+        """Streaming beside the block; its audio is all sent when the block starts."""
+        self.start()
+        assert self.streamed.wait(60)
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        """Once the block is done: the bystander's text as it would be alone."""
+        self.join(timeout=120)
+        if kind is None:
+            assert word_error_rate(WELCOME_WORDS, self.text()) <= 0.2, self.text()
+            assert not any(e["type"] == "error" for e in self.events)

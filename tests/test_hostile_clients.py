@@ -23,6 +23,7 @@ from benchmarks.text import word_error_rate
 from realtime.config import ServerConfig
 from realtime.limits import ConnectionLimits, parse_networks
 from tests.server_harness import (
+    WELCOME_WORDS,
     ResidentMemory,
     ServerProcess,
     ServerThread,
@@ -33,8 +34,6 @@ from tests.server_harness import (
     wait_until,
 )
 from voxtral.whisper.runner import WhisperRunner
-
-WELCOME_WORDS = "Good morning everyone. Today we will talk about the weather in the city."
 
 
 def health_ms(server: ServerThread) -> float:

@@ -24,6 +24,7 @@ from realtime.server import RealtimeServer
 from realtime.sockets import uvicorn_server
 from tests.conftest import espeak
 from tests.server_harness import (
+    Bystander,
     ServerThread,
     append_event,
     events_until,
@@ -33,7 +34,6 @@ from tests.server_harness import (
     unmeasured,
     wait_until,
 )
-from tests.test_walls_server import Bystander
 from voxtral.whisper.runner import WhisperRunner
 
 FIRST_SECONDS = (
@@ -113,7 +113,7 @@ def test_happy_path_streams_deltas_before_the_final_commit(server, welcome):
 
 
 def test_every_client_mistake_gets_its_error_code(server, welcome):
-    with Bystander(server, welcome[0][: 16000 * 4]), server.connect() as ws:
+    with Bystander(server, welcome[0]), server.connect() as ws:
         expect_error(ws, "{not json", "invalid_json")
         expect_error(ws, "[1, 2]", "invalid_event")
         expect_error(ws, '"just a string"', "invalid_event")
@@ -153,7 +153,7 @@ def test_every_client_mistake_gets_its_error_code(server, welcome):
 
 
 def test_frame_over_the_limit_is_closed_with_1009(server, welcome):
-    with Bystander(server, welcome[0][: 16000 * 4]), server.connect() as ws:
+    with Bystander(server, welcome[0]), server.connect() as ws:
         ws.send(append_event(np.zeros(200_000, np.float32)))  # ~530 kB of JSON
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
@@ -249,7 +249,7 @@ def test_client_that_vanishes_mid_stream_leaves_nothing(server, welcome):
     # Mid stream: the server holds all 5 s and its engine works on them.
     wait_until(lambda: server.metrics()["voxrt_audio_seconds_total"] >= before + 5 - 1e-3, 30)
     wait_until(lambda: server.engine.stats().steps > 0 and server.engine.stats().utterances == 1, 30)
-    with Bystander(server, samples[: 16000 * 4]):  # streaming while the other vanishes
+    with Bystander(server, samples):  # streaming while the other vanishes
         ws.socket.close()  # no close frame: the client just disappears
     metrics = wait_until_idle(server)
     assert metrics["voxrt_engine_utterances"] == 0
@@ -285,7 +285,7 @@ def test_client_that_stops_reading_is_closed(whisper_model, welcome):
                 while not stop.is_set():
                     ws.send(junk)
 
-        with Bystander(harness, welcome[0][: 16000 * 4]):
+        with Bystander(harness, welcome[0]):
             # From a thread: once the server stops reading, a send waits until the socket goes.
             flooding = threading.Thread(target=flood)
             flooding.start()

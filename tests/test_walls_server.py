@@ -7,14 +7,12 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from benchmarks.text import word_error_rate
 from realtime.config import ConfigError, ServerConfig
 from realtime.engine.loop import Engine
 from realtime.limits import ConnectionLimits
@@ -22,6 +20,7 @@ from realtime.protocols.common import MAX_PROMPT_CHARS
 from realtime.server import RealtimeServer
 from tests.server_harness import (
     TINY_EN,
+    Bystander,
     ServerThread,
     append_event,
     events_until,
@@ -31,7 +30,6 @@ from tests.server_harness import (
     stream,
     wait_until,
 )
-from tests.test_hostile_clients import WELCOME_WORDS
 from voxtral.whisper.runner import WhisperRunner
 
 OPENAI_QUERY = "?intent=transcription"
@@ -48,40 +46,6 @@ GAUGES = (
 def gauges(harness: ServerThread) -> dict[str, float]:
     metrics = harness.metrics()
     return {name: metrics[name] for name in GAUGES}
-
-
-class Bystander(threading.Thread):
-    """A client streaming real speech on the vLLM wire: its events, until done or an error."""
-
-    def __init__(self, harness: ServerThread, samples) -> None:
-        super().__init__()
-        self.harness, self.samples = harness, samples
-        self.events: list[dict] = []
-        self.streamed = threading.Event()
-
-    def run(self) -> None:
-        with self.harness.connect() as ws:
-            stream(ws, self.samples)
-            self.streamed.set()
-            while not self.events or self.events[-1]["type"] not in ("transcription.done", "error"):
-                self.events.append(json.loads(ws.recv(timeout=120)))
-
-    def text(self) -> str:
-        assert self.events[-1]["type"] == "transcription.done", self.events[-1]
-        return self.events[-1]["text"]
-
-    def __enter__(self) -> "Bystander":
-        """Streaming beside the block; its audio is all sent when the block starts."""
-        self.start()
-        assert self.streamed.wait(60)
-        return self
-
-    def __exit__(self, kind, *_) -> None:
-        """Once the block is done: the bystander's text as it would be alone."""
-        self.join(timeout=120)
-        if kind is None:
-            assert word_error_rate(WELCOME_WORDS, self.text()) <= 0.2, self.text()
-            assert not any(e["type"] == "error" for e in self.events)
 
 
 def hostile(event: dict) -> str:
@@ -108,7 +72,7 @@ def test_a_lone_surrogate_prompt_ends_no_other_session(whisper_model, welcome, w
     query, events = ATTACKS[wire]
     try:
         with (
-            Bystander(harness, samples[: 16000 * 4]),
+            Bystander(harness, samples),
             connect(harness.url + query, open_timeout=10) as attacker,
         ):
             attacker.recv(timeout=10)  # created
@@ -135,7 +99,7 @@ def server(whisper_model):
 def test_strings_that_are_not_text_are_refused_without_echo_and_the_connection_goes_on(
     server, welcome, query
 ):
-    with Bystander(server, welcome[0][: 16000 * 4]), connect(server.url + query, open_timeout=10) as ws:
+    with Bystander(server, welcome[0]), connect(server.url + query, open_timeout=10) as ws:
         ws.recv(timeout=10)
         for raw in (
             hostile({"type": "@"}),
@@ -151,7 +115,7 @@ def test_strings_that_are_not_text_are_refused_without_echo_and_the_connection_g
 
 
 def test_a_prompt_past_its_bound_is_refused_and_one_within_it_is_taken(server, welcome):
-    with Bystander(server, welcome[0][: 16000 * 4]), server.connect() as ws:
+    with Bystander(server, welcome[0]), server.connect() as ws:
         long = {"type": "session.update", "prompt": "word " * (MAX_PROMPT_CHARS // 5 + 1)}
         event = expect_error(ws, json.dumps(long), "invalid_event")
         assert "prompt" in event["error"] and str(MAX_PROMPT_CHARS) in event["error"]
@@ -171,7 +135,7 @@ def test_a_connection_holds_at_most_its_utterances_and_admission_counts_them(
     gate, _ = hold_steps(harness.engine, monkeypatch)
     try:
         with (
-            Bystander(harness, samples[: 16000 * 4]),
+            Bystander(harness, samples),
             connect(harness.url + OPENAI_QUERY, open_timeout=10) as ws,
         ):
             ws.recv(timeout=10)
@@ -215,7 +179,7 @@ def test_a_connection_holds_at_most_its_utterances_and_admission_counts_them(
 def test_an_event_that_cannot_be_sent_closes_its_connection_alone(server, welcome):
     samples, _ = welcome
     before = gauges(server)
-    with Bystander(server, samples[: 16000 * 4]) as bystander, server.connect() as victim:
+    with Bystander(server, samples) as bystander, server.connect() as victim:
         stream(victim, samples[: 16000 * 2], final=False)
         wait_until(lambda: server.metrics()["voxrt_utterances_active"] >= 1, 30)
         connection = max(server.server.connections, key=lambda c: c.started_at)  # the victim's
@@ -269,7 +233,7 @@ def test_a_handler_paused_by_backpressure_notices_its_socket_closed(whisper_mode
             assert harness.metrics()["voxrt_utterances_active"] == 0
         # A client streaming into the server the vanished one left behind, the engine still
         # held: once it steps again, this one gets its text.
-        with Bystander(harness, samples[: 16000 * 4]):
+        with Bystander(harness, samples):
             gate.set()
     finally:
         gate.set()
