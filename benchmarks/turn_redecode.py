@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
 
+from benchmarks.reference import transformers_whisper
 from benchmarks.speech import tiny_en_models
 from benchmarks.streaming_wer import streamed_events
 from benchmarks.text import mean_wer, whisper_wer
@@ -37,8 +38,8 @@ def decode_from(model: WhisperModel, audio: np.ndarray, turn_start: float) -> st
         audio, sampling_rate=SAMPLE_RATE, return_tensors="pt"
     )
     with torch.inference_mode():
-        ids = model.model.generate(features.input_features, return_timestamps=True)[0].tolist()
-    ids = [t for t in ids if t < model.eot or t >= model.timestamp_begin]
+        ids = transformers_whisper(model).generate(features.input_features, return_timestamps=True)[0]
+    ids = [t for t in ids.tolist() if t < model.eot or t >= model.timestamp_begin]
     segments = model.segments(ids)
     seconds = len(audio) / SAMPLE_RATE
     return "".join(s.text for s in segments if (s.start + (s.end or seconds)) / 2 >= turn_start - 0.1)

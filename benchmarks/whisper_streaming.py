@@ -39,6 +39,7 @@ from transformers import WhisperFeatureExtractor
 
 from benchmarks.client_process import ClientProcess
 from benchmarks.real_speech import real_passages
+from benchmarks.reference import transformers_whisper
 from benchmarks.speech import Passage, passage
 from benchmarks.text import mean_wer, normalize_words, whisper_wer, word_error_rate
 from clients.connection import Utterance
@@ -180,6 +181,7 @@ async def run_voxrt(
 def run_baseline(model: WhisperModel, passages: list[Passage]) -> dict:
     """One `generate` per session per second of new audio, sessions one after another."""
     extractor = WhisperFeatureExtractor(feature_size=model.n_mels)
+    reference = transformers_whisper(model)
     policy = WhisperPolicy()
     sessions = [
         {
@@ -210,7 +212,7 @@ def run_baseline(model: WhisperModel, passages: list[Passage]) -> dict:
             features = extractor(window, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
             started = time.monotonic()  # busy is model time on both sides
             with torch.inference_mode():
-                tokens = model.model.generate(features, return_timestamps=True, **english(model))[0].tolist()
+                tokens = reference.generate(features, return_timestamps=True, **english(model))[0].tolist()
             segments = model.segments([t for t in tokens if t >= model.timestamp_begin or t < model.eot])
             hyp = Hypothesis(tokens, segments, 0.0, 0.0) if segments else None
             force = seconds > policy.max_window_seconds
@@ -260,7 +262,7 @@ def offline_texts(model: WhisperModel, audios: list[np.ndarray]) -> list[str]:
             return_attention_mask=True,
         )
         with torch.inference_mode():
-            ids = model.model.generate(
+            ids = transformers_whisper(model).generate(
                 features.input_features,
                 attention_mask=features.attention_mask,
                 return_timestamps=True,

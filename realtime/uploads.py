@@ -12,7 +12,6 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive
-from transformers.models.whisper.tokenization_whisper import LANGUAGES  # code -> English name
 
 from realtime.audio_file import AudioFileError, Recording
 from realtime.config import ServedModel
@@ -23,6 +22,7 @@ from realtime.progress import EngineProgress
 from realtime.protocols import file_api
 from realtime.protocols.common import ProtocolError, check_model
 from realtime.protocols.file_api import FileRequest, Transcript
+from realtime.protocols.language_names import LANGUAGE_NAMES
 from voxtral.audio import SAMPLE_RATE
 
 log = structlog.get_logger("voxrt.uploads")
@@ -230,7 +230,7 @@ class Uploads:
                     raise UploadRefused(HTTPStatus.INTERNAL_SERVER_ERROR, event.code, event.message)
                 elif isinstance(event, Done):
                     words = event.words if asked.transcription.word_times else None
-                    name = LANGUAGES.get(language, language)
+                    name = LANGUAGE_NAMES.get(language, language)
                     yield Transcript(event.text, words, event.audio_seconds, name)
                     return
         finally:

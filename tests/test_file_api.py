@@ -22,6 +22,7 @@ import webvtt
 from benchmarks.text import word_error_rate
 from clients.audio import load_audio_file
 from realtime.config import ServerConfig
+from realtime.protocols.language_names import LANGUAGE_NAMES
 from tests.conftest import SAMPLES
 from tests.server_harness import (
     ResidentMemory,
@@ -339,3 +340,9 @@ def test_voxrt_transcribe_starts_its_own_server_without_a_url():
     assert done.returncode == 0, done.stderr
     cues = list(webvtt.from_buffer(io.StringIO(done.stdout)))
     assert word_error_rate(welcome_text(), " ".join(c.text for c in cues)) <= 0.1
+
+
+def test_a_transcripts_language_is_named_as_whispers_tokenizer_names_it():
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    assert LANGUAGE_NAMES == LANGUAGES

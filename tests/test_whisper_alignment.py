@@ -18,7 +18,7 @@ def test_step_decoder_and_its_alignment_weights_equal_the_eager_decoder(whisper_
     with torch.inference_mode():
         hidden, ours = whisper_float32.steps.read(states, ids)
         reference = eager.model.decoder(input_ids=ids, encoder_hidden_states=states, output_attentions=True)
-    heads = whisper_float32.model.generation_config.alignment_heads
+    heads = eager.generation_config.alignment_heads
     expected = torch.stack([reference.cross_attentions[layer][:, head] for layer, head in heads], dim=1)
     assert ours.shape == expected.shape == (2, len(heads), 5, 500)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)

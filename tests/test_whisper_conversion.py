@@ -1,3 +1,4 @@
+import json
 import shutil
 import struct
 import sys
@@ -6,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import WhisperForConditionalGeneration, WhisperTokenizerFast
+from transformers import GenerationConfig, WhisperForConditionalGeneration, WhisperTokenizerFast
 
 from benchmarks.text import word_error_rate
 from voxtral.whisper.ct2 import CT2FormatError, read_ct2_model
@@ -160,6 +161,29 @@ def test_corrupt_or_missing_files_name_the_file(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_whisper_checkpoint_that_cannot_be_read_is_refused_saying_why(whisper_dir, tmp_path):
+    """`voxrt serve --model DIR` on a broken Whisper directory: an error naming the file."""
+    from voxtral.loading import load_model
+
+    checkpoint = tmp_path / "whisper"
+    shutil.copytree(whisper_dir, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps(config | {"encoder_layers": 5}))
+    with pytest.raises(WeightsError, match=r"do not fit its config\.json"):
+        load_model(str(checkpoint), "cpu")
+    (checkpoint / "config.json").write_text(json.dumps(config | {"activation_function": "relu"}))
+    with pytest.raises(WeightsError, match=r"config\.json does not describe a Whisper model"):
+        load_model(str(checkpoint), "cpu")
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    (checkpoint / "model.safetensors").rename(checkpoint / "pytorch_model.bin")
+    with pytest.raises(WeightsError, match=r"missing file .*model\.safetensors"):
+        load_model(str(checkpoint), "cpu")
+    (checkpoint / "pytorch_model.bin").rename(checkpoint / "model.safetensors")
+    (checkpoint / "generation_config.json").unlink()
+    with pytest.raises(WeightsError, match=r"missing file .*generation_config\.json"):
+        load_model(str(checkpoint), "cpu")
+
+
 def test_a_conversion_keeps_the_one_another_process_finished_first(tmp_path):
     """Replicas starting together on a fresh cache convert at once: the one that finishes
     last keeps the first one's directory (which the first may be loading from) and leaves no
@@ -218,7 +242,7 @@ def test_base_parts_are_joined_and_checked(tmp_path):
 
 def test_base_is_multilingual_with_its_own_special_tokens(base_runner):
     model = base_runner.model
-    generation = model.model.generation_config
+    generation = GenerationConfig.from_pretrained(model.path)  # as transformers reads the conversion
     assert model.multilingual and generation.is_multilingual
     assert len(model.language_ids) == 99 and len(generation.lang_to_id) == 99
     assert model.sot == 50258 and model.eot == 50257 and model.no_timestamps == 50363

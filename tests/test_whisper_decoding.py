@@ -3,6 +3,7 @@ import pytest
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
+from benchmarks.reference import transformers_whisper
 from benchmarks.text import word_error_rate
 from voxtral.audio import normalize_log_mel, raw_log_mel
 from voxtral.whisper.decoder import pad_states
@@ -24,10 +25,11 @@ def test_greedy_decoding_equals_transformers_generate(whisper_float32, welcome):
     samples, _ = welcome
     batch = torch.cat([features(samples[:80000], 3000), features(samples[48000:160000], 3000)])
     states = whisper_float32.encode(batch)
-    reference_states = whisper_float32.model.model.encoder(batch).last_hidden_state
+    reference = transformers_whisper(whisper_float32)
+    reference_states = reference.model.encoder(batch).last_hidden_state
     assert torch.allclose(states, reference_states, atol=1e-5)
     ours = whisper_float32.decode(states, [120, 120])
-    generated = whisper_float32.model.generate(
+    generated = reference.generate(
         encoder_outputs=BaseModelOutput(last_hidden_state=reference_states), return_timestamps=True
     )
     for hyp, row in zip(ours, generated.tolist(), strict=True):
@@ -110,8 +112,8 @@ def test_int8_model_transcribes_as_the_float32_one(whisper_float32, welcome):
 
     quantized = load_model(None, "cpu").runner.model
     assert isinstance(quantized.model.proj_out, HalfWeightLinear)
-    assert isinstance(quantized.model.model.decoder.layers[0].fc1, HalfWeightLinear)
-    assert isinstance(quantized.model.model.encoder.layers[0].fc1, torch.ao.nn.quantized.dynamic.Linear)
+    assert isinstance(quantized.model.decoder.layers[0].fc1, HalfWeightLinear)
+    assert isinstance(quantized.model.encoder.layers[0].fc1, torch.ao.nn.quantized.dynamic.Linear)
     assert isinstance(load_model(None, "cpu", "float32").runner.model.model.proj_out, torch.nn.Linear)
     samples, _ = welcome
     # Whole sentences: a word cut at a window's end is a coin toss for either model.

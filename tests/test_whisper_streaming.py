@@ -5,6 +5,7 @@ import pytest
 from transformers import WhisperFeatureExtractor, WhisperTokenizerFast
 
 from benchmarks.real_speech import recording
+from benchmarks.reference import transformers_whisper
 from benchmarks.streaming_wer import streamed
 from benchmarks.text import whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
@@ -81,7 +82,7 @@ def offline_text(whisper_dir, runner: WhisperRunner, samples: np.ndarray, **gene
         padding="longest",
         return_attention_mask=True,
     )
-    tokens = runner.model.model.generate(
+    tokens = transformers_whisper(runner.model).generate(
         features.input_features, attention_mask=features.attention_mask, return_timestamps=True, **generate
     )
     return WhisperTokenizerFast(tokenizer_file=str(whisper_dir / "tokenizer.json")).decode(

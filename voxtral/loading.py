@@ -6,12 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers.utils import logging as hf_logging
 
 from voxtral.errors import WeightsError
 from voxtral.runner import ModelRunner
 from voxtral.voxtral_realtime.checkpoint import local_checkpoint
-from voxtral.voxtral_realtime.runner import VoxtralRunner
 from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.runner import WhisperRunner
 from voxtral.whisper.weights import BASE, TINY_EN, embedded_whisper_dir
@@ -91,7 +89,6 @@ def load_model(
 def _load_model(
     model: str | None, device: str | None, dtype: str | None, max_sessions: int, cores: int | None
 ) -> LoadedModel:
-    hf_logging.disable_progress_bar()  # a progress bar is noise in JSON logs
     chosen = pick_device(device)
     lanes = cores if cores is not None and chosen.type == "cpu" else 1
     if model in (None, TINY_EN, BASE):
@@ -105,6 +102,13 @@ def _load_model(
         runner = WhisperRunner(_whisper_model(path, chosen, dtype), lanes=lanes)
         return LoadedModel(runner, model, names | {"whisper"}, max_sessions)
     if kind == "voxtral_realtime":
+        # Voxtral's modules are transformers': imported for it alone, as a Whisper server
+        # would pay seconds of its start and memory for them.
+        from transformers.utils import logging as hf_logging
+
+        from voxtral.voxtral_realtime.runner import VoxtralRunner
+
+        hf_logging.disable_progress_bar()  # a progress bar is noise in JSON logs
         runner = VoxtralRunner(path, chosen, pick_dtype(dtype, chosen), num_slots=max_sessions)
         return LoadedModel(runner, model, names | {"voxtral"}, runner.model.num_slots)
     raise WeightsError(f"{path / 'config.json'}: model_type {kind!r} is not served by voxrt")

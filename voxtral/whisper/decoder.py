@@ -1,8 +1,8 @@
 """Whisper's decoder stepped a few tokens at a time over fixed encoder states.
 
-The same layers and weights as transformers' `WhisperDecoder`, called without its
-per-call machinery (cache objects, mask builders, hooks), the cross-attention keys laid
-out once per decode: at a few rows a pass on a CPU is mostly that overhead. Each call also
+Whisper's decoder layers (`layers.py`) called one by one, the keys and values in tensors
+laid out once per decode, the cross-attention's projected once: at a few rows a pass on a
+CPU is mostly overhead that a general decoder's cache objects and mask builders would add. Each call also
 returns where the alignment heads listened (their cross-attention weights, which fused
 attention does not give), from their keys copied out once.
 """
@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.functional import scaled_dot_product_attention
+from torch.nn.functional import gelu, scaled_dot_product_attention
+
+from voxtral.whisper.layers import Attention, Decoder
 
 
 def pad_states(states: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
@@ -35,7 +37,7 @@ class DecoderCache:
 
 
 class StepDecoder:
-    def __init__(self, decoder: nn.Module, alignment_heads: list[list[int]]) -> None:
+    def __init__(self, decoder: Decoder, alignment_heads: list[list[int]]) -> None:
         self.decoder = decoder
         first = decoder.layers[0].self_attn
         self.num_heads, self.head_dim = first.num_heads, first.head_dim
@@ -50,8 +52,8 @@ class StepDecoder:
         windows = [encoder_states[row, :n] for row, n in enumerate(lengths or [frames] * batch)]
         cross = [
             (
-                self._project(layer.encoder_attn.k_proj, windows, frames),
-                self._project(layer.encoder_attn.v_proj, windows, frames),
+                self._project(layer.encoder_attn, layer.encoder_attn.k_proj, windows, frames),
+                self._project(layer.encoder_attn, layer.encoder_attn.v_proj, windows, frames),
             )
             for layer in self.decoder.layers
         ]
@@ -73,17 +75,16 @@ class StepDecoder:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         return self(cache, input_ids, positions, torch.zeros_like(input_ids, dtype=torch.bool))
 
-    def _project(self, linear: nn.Module, windows: list[torch.Tensor], frames: int) -> torch.Tensor:
+    @staticmethod
+    def _project(
+        attention: Attention, linear: nn.Module, windows: list[torch.Tensor], frames: int
+    ) -> torch.Tensor:
         """(batch, heads, frames, head_dim): each window's states projected alone, its padding
         left zero. An int8 layer quantizes its input with one scale, which must be the window's."""
         out = windows[0].new_zeros((len(windows), frames, linear.out_features))
         for row, states in enumerate(windows):
             out[row, : states.shape[0]] = linear(states)
-        return self._heads(out).contiguous()
-
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        """(batch, tokens, width) -> (batch, heads, tokens, head_dim)."""
-        return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
+        return attention.heads(out).contiguous()
 
     @staticmethod
     def _lowest(masked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -114,15 +115,15 @@ class StepDecoder:
         for index, layer in enumerate(decoder.layers):
             attention = layer.self_attn
             x = layer.self_attn_layer_norm(hidden)
-            query = self._heads(attention.q_proj(x) * attention.scaling)
-            cache.keys[index][:, :, start:end] = self._heads(attention.k_proj(x))
-            cache.values[index][:, :, start:end] = self._heads(attention.v_proj(x))
+            query = attention.heads(attention.q_proj(x) * attention.scaling)
+            cache.keys[index][:, :, start:end] = attention.heads(attention.k_proj(x))
+            cache.values[index][:, :, start:end] = attention.heads(attention.v_proj(x))
             keys, values = cache.keys[index][:, :, :end], cache.values[index][:, :, :end]
             out = scaled_dot_product_attention(query, keys, values, self_mask, scale=1.0)
             hidden = hidden + attention.out_proj(out.transpose(1, 2).flatten(2))
             attention = layer.encoder_attn
             x = layer.encoder_attn_layer_norm(hidden)
-            query = self._heads(attention.q_proj(x) * attention.scaling)
+            query = attention.heads(attention.q_proj(x) * attention.scaling)
             keys, values = cache.cross[index]
             out = scaled_dot_product_attention(query, keys, values, cache.cross_mask, scale=1.0)
             hidden = hidden + attention.out_proj(out.transpose(1, 2).flatten(2))
@@ -133,5 +134,5 @@ class StepDecoder:
                     scores = scores + cache.cross_mask.float()
                 weights.append(torch.softmax(scores, dim=-1))
             x = layer.final_layer_norm(hidden)
-            hidden = hidden + layer.fc2(layer.activation_fn(layer.fc1(x)))
+            hidden = hidden + layer.fc2(gelu(layer.fc1(x)))
         return decoder.layer_norm(hidden), torch.cat(weights, dim=1)

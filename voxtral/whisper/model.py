@@ -10,12 +10,12 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-from transformers import WhisperForConditionalGeneration
 
 from voxtral.errors import WeightsError
 from voxtral.whisper import half_weights
 from voxtral.whisper.decoder import StepDecoder
 from voxtral.whisper.greedy import GreedyRow
+from voxtral.whisper.layers import load_whisper, read_json
 from voxtral.whisper.logits import Suppress, SuppressAtStart, TimestampRules, apply
 
 SECONDS_PER_TIMESTAMP = 0.02
@@ -50,7 +50,8 @@ class Hypothesis:
 
 
 class WhisperModel:
-    """A transformers Whisper model plus its tokenizer and special ids, English-only or multilingual."""
+    """A Whisper checkpoint (transformers' layout) plus its tokenizer and special ids, English-only
+    or multilingual."""
 
     def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> None:
         """`int8` (CPU only): an English-only model's encoder gets int8 weights per output
@@ -60,44 +61,46 @@ class WhisperModel:
         garbled its German streamed. The decoder's other linear layers and the vocabulary
         projection get float16 weights (`half_weights.py`): at a few rows
         (decoding a token) float32 products are slow on a CPU."""
-        try:
-            self.model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device).eval()
-        except (OSError, ValueError) as exc:
-            raise WeightsError(f"cannot load a Whisper model from {path}: {exc}") from exc
+        self.path = path  # the checkpoint directory
+        self.model = load_whisper(path, device, dtype)
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise WeightsError(f"missing file {tokenizer_file}")
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.device, self.dtype = device, dtype
-        config, generation = self.model.config, self.model.generation_config
-        self.n_mels = config.num_mel_bins
-        self.max_frames = config.max_source_positions * 2
-        self.max_target_positions = config.max_target_positions
-        self.eot = generation.eos_token_id
-        self.sot = generation.decoder_start_token_id
-        self.no_timestamps = generation.no_timestamps_token_id
+        dims = self.model.dims
+        self.n_mels = dims.n_mels
+        self.max_frames = dims.audio_positions * 2
+        self.max_target_positions = dims.text_positions
+        config, generation = read_json(path / "config.json"), read_json(path / "generation_config.json")
+        try:
+            self.eot = generation["eos_token_id"]
+            self.sot = generation["decoder_start_token_id"]
+            self.no_timestamps = generation["no_timestamps_token_id"]
+        except KeyError as exc:
+            raise WeightsError(f"{path / 'generation_config.json'} lacks {exc}") from exc
         self.start_of_previous = self.tokenizer.token_to_id("<|startofprev|>")
         self.no_speech = self.no_timestamps - 1  # <|nocaptions|>, just before <|notimestamps|>
         self.timestamp_begin = self.no_timestamps + 1
-        vocab = config.vocab_size
+        vocab = dims.vocab_size
         suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
-        suppress[list(config.suppress_tokens or [])] = True
+        suppress[list(config.get("suppress_tokens") or [])] = True
         suppress[self.no_timestamps] = True
         begin_suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
-        begin_suppress[list(config.begin_suppress_tokens or [])] = True
-        max_initial = generation.max_initial_timestamp_index or 50
+        begin_suppress[list(config.get("begin_suppress_tokens") or [])] = True
+        max_initial = generation.get("max_initial_timestamp_index") or 50
         self.rules = [
             SuppressAtStart(begin_suppress),
             Suppress(suppress),
             TimestampRules(self.timestamp_begin, self.eot, max_initial),
         ]
         # OpenAI's rule: the multilingual vocabulary is the larger one.
-        self.multilingual = config.vocab_size >= MULTILINGUAL_VOCAB_SIZE
+        self.multilingual = vocab >= MULTILINGUAL_VOCAB_SIZE
         self.language_ids = self._language_ids() if self.multilingual else {}
         self.task_ids = {task: self.tokenizer.token_to_id(f"<|{task}|>") for task in TASKS}
-        if not generation.alignment_heads:
+        if not generation.get("alignment_heads"):
             raise WeightsError(f"{path / 'generation_config.json'} lists no alignment_heads")
-        self.steps = StepDecoder(self.model.model.decoder, generation.alignment_heads)
+        self.steps = StepDecoder(self.model.decoder, generation["alignment_heads"])
         if int8:
             self._quantize()
 
@@ -140,7 +143,7 @@ class WhisperModel:
         return torch.softmax(logits[:, list(self.language_ids.values())], dim=-1).cpu()
 
     def _quantize(self) -> None:
-        if self.model.device.type != "cpu" or self.model.dtype != torch.float32:
+        if self.device.type != "cpu" or self.dtype != torch.float32:
             raise ValueError("int8 Whisper is for float32 models on the CPU")
         config = {nn.Linear: per_channel_dynamic_qconfig}
         with (
@@ -151,31 +154,22 @@ class WhisperModel:
             # So do the decoder's projections of a window's states into cross-attention keys and
             # values (`StepDecoder.start`), its largest products.
             if not self.multilingual:
-                quantize_dynamic(self.model.model.encoder, config, inplace=True)
+                quantize_dynamic(self.model.encoder, config, inplace=True)
                 cross = {"k_proj": per_channel_dynamic_qconfig, "v_proj": per_channel_dynamic_qconfig}
-                for layer in self.model.model.decoder.layers:
+                for layer in self.model.decoder.layers:
                     quantize_dynamic(layer.encoder_attn, cross, inplace=True)
         # The decoder works on a batch of sessions, a token at a time: float16 weights, rows
         # computed on their own (`half_weights.py`). proj_out shares its weight with the token
         # embedding; only the projection gets them. Without the kernel, float32 stays.
         if half_weights.available():
-            half_weights.half_weights(self.model.model.decoder)
+            half_weights.half_weights(self.model.decoder)
             self.model.proj_out = half_weights.half_weights(self.model.proj_out)
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor) -> torch.Tensor:
-        """Encoder states for (batch, n_mels, frames) with frames even and at most 3000.
-
-        Unlike transformers' encoder this takes windows shorter than 30 s: positions are
-        the first `frames / 2` of the learned table, which is what a shorter context means.
-        """
-        encoder = self.model.model.encoder
-        x = torch.nn.functional.gelu(encoder.conv1(features.to(self.device, self.dtype)))
-        x = torch.nn.functional.gelu(encoder.conv2(x)).permute(0, 2, 1)
-        x = x + encoder.embed_positions.weight[: x.shape[1]]
-        for layer in encoder.layers:
-            x = layer(x, None)
-        return encoder.layer_norm(x)
+        """Encoder states for (batch, n_mels, frames) with frames even and at most 3000: windows
+        shorter than 30 s too (`layers.Encoder`)."""
+        return self.model.encoder(features.to(self.device, self.dtype))
 
     @torch.inference_mode()
     def decode(

@@ -17,7 +17,6 @@ import numpy as np
 import structlog
 import torch
 from safetensors.torch import save_file
-from transformers import GenerationConfig, WhisperConfig
 
 from voxtral.errors import WeightsError
 from voxtral.whisper.ct2 import CT2FormatError, read_ct2_model
@@ -166,12 +165,11 @@ def convert_state_dict(source: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def whisper_config(
-    source: dict[str, np.ndarray], package_config: dict, special: dict[str, int]
-) -> WhisperConfig:
+def whisper_config(source: dict[str, np.ndarray], package_config: dict, special: dict[str, int]) -> dict:
+    """transformers' `WhisperConfig` arguments."""
     vocab_size, d_model = source["decoder/embeddings/weight"].shape
     eot, sot = special["<|endoftext|>"], special["<|startoftranscript|>"]
-    return WhisperConfig(
+    return dict(
         vocab_size=int(vocab_size),
         d_model=int(d_model),
         num_mel_bins=int(source["encoder/conv1/weight"].shape[1]),
@@ -193,26 +191,24 @@ def whisper_config(
     )
 
 
-def generation_config(
-    config: WhisperConfig, package_config: dict, special: dict[str, int]
-) -> GenerationConfig:
-    """<|startoftranscript|>, for multilingual models a language and a task, then
-    <|notimestamps|> or timestamps."""
-    multilingual = config.vocab_size >= MULTILINGUAL_VOCAB_SIZE
+def generation_config(config: dict, package_config: dict, special: dict[str, int]) -> dict:
+    """transformers' `GenerationConfig` arguments: <|startoftranscript|>, for multilingual models
+    a language and a task, then <|notimestamps|> or timestamps."""
+    multilingual = config["vocab_size"] >= MULTILINGUAL_VOCAB_SIZE
     languages = {content: i for content, i in special.items() if i in package_config.get("lang_ids", [])}
     tasks = {task: special[f"<|{task}|>"] for task in TASKS}
-    return GenerationConfig(
-        decoder_start_token_id=config.decoder_start_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.eos_token_id,
-        bos_token_id=config.eos_token_id,
+    return dict(
+        decoder_start_token_id=config["decoder_start_token_id"],
+        eos_token_id=config["eos_token_id"],
+        pad_token_id=config["eos_token_id"],
+        bos_token_id=config["eos_token_id"],
         no_timestamps_token_id=special["<|notimestamps|>"],
         prev_sot_token_id=special["<|startofprev|>"],
         is_multilingual=multilingual,
         max_initial_timestamp_index=50,
-        suppress_tokens=config.suppress_tokens,
-        begin_suppress_tokens=config.begin_suppress_tokens,
-        max_length=config.max_target_positions,
+        suppress_tokens=config["suppress_tokens"],
+        begin_suppress_tokens=config["begin_suppress_tokens"],
+        max_length=config["max_target_positions"],
         alignment_heads=package_config.get("alignment_heads") or ALIGNMENT_HEADS,
         # transformers detects a language whenever these are set, English-only models too.
         **({"lang_to_id": languages, "task_to_id": tasks} if multilingual else {}),
@@ -221,6 +217,10 @@ def generation_config(
 
 def convert_package_model(source_dir: Path, target_dir: Path) -> Path:
     """Write a transformers Whisper directory converted from a CT2 directory; returns it."""
+    # transformers writes the configs with its defaults filled in. Imported here, where a
+    # conversion (once per machine) needs it, not where every server start would pay for it.
+    from transformers import GenerationConfig, WhisperConfig
+
     model_bin = source_dir / "model.bin"
     for name in ("model.bin", "config.json", "tokenizer.json"):
         if not (source_dir / name).is_file():
@@ -242,8 +242,8 @@ def convert_package_model(source_dir: Path, target_dir: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
-    config.save_pretrained(staging)
-    generation_config(config, package_config, special).save_pretrained(staging)
+    WhisperConfig(**config).save_pretrained(staging)
+    GenerationConfig(**generation_config(config, package_config, special)).save_pretrained(staging)
     shutil.copy(source_dir / "tokenizer.json", staging / "tokenizer.json")
     if target_dir.exists() and not converted(target_dir):
         shutil.rmtree(target_dir, ignore_errors=True)  # left incomplete by hand: no one reads it
