@@ -1,10 +1,10 @@
 """Whisper's decoder stepped a few tokens at a time over fixed encoder states.
 
-Whisper's decoder layers (`layers.py`) called one by one, the keys and values in tensors
-laid out once per decode, the cross-attention's projected once: at a few rows a pass on a
-CPU is mostly overhead that a general decoder's cache objects and mask builders would add. Each call also
-returns where the alignment heads listened (their cross-attention weights, which fused
-attention does not give), from their keys copied out once.
+Whisper's decoder layers (`layers.py`) called one by one, the keys and values in tensors laid
+out once per decode, the cross-attention's projected once: at a few rows a pass on a CPU would
+be mostly what a general decoder's cache objects and mask builders add. Each call also returns
+where the alignment heads listened (their cross-attention weights, which fused attention does
+not give), from their keys copied out once.
 """
 
 from dataclasses import dataclass

@@ -1,8 +1,8 @@
 """Whisper's modules, loaded from a transformers checkpoint directory without transformers.
 
 The parameters carry transformers' names, so its checkpoints (and voxrt's converted ones)
-load as they are. Importing transformers' Whisper costs a server seconds of start and about
-170 MB it never uses: voxrt runs the encoder and steps the decoder itself (`decoder.py`).
+load as they are. Importing transformers' Whisper would cost every server's start seconds, and
+memory it never uses: voxrt runs the encoder and steps the decoder itself (`decoder.py`).
 The tests hold these modules to transformers' `generate` token for token.
 """
 
