@@ -12,15 +12,9 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 from benchmarks.served import Build, cpu_seconds
-from tests.server_harness import ServerProcess
-
-
-def resident_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) / 1024
+from tests.server_harness import ServerProcess, resident_mb
 
 
 def start_once(build: Build) -> dict[str, float]:

@@ -153,12 +153,18 @@ def metric(port: int, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
+def resident_mb(pid: int) -> float:
+    """Process `pid`'s resident memory now, in MB."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) / 1024
+
+
 class ResidentMemory:
     """A process's resident memory, sampled on a thread until stopped: the peak between reads
     of a running server, not what this test process holds."""
 
     def __init__(self, pid: int) -> None:
-        self.status = Path(f"/proc/{pid}/status")
+        self.pid = pid
         self.samples: list[float] = []
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
@@ -166,9 +172,7 @@ class ResidentMemory:
 
     def _sample(self) -> None:
         while not self.stopped.wait(0.02):
-            for line in self.status.read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    self.samples.append(int(line.split()[1]) / 1024)
+            self.samples.append(resident_mb(self.pid))
 
     def stop(self) -> list[float]:
         self.stopped.set()
