@@ -157,11 +157,11 @@ def read_json(file: Path) -> dict:
         raise WeightsError(f"malformed file {file}: {exc}") from exc
 
 
-def load_whisper(path: Path, device: torch.device, dtype: torch.dtype) -> Whisper:
-    """The checkpoint in `path` (transformers' layout) as `Whisper`, its projection tied to the
-    token embedding as Whisper's is."""
+def load_whisper(path: Path, config: dict, device: torch.device, dtype: torch.dtype) -> Whisper:
+    """The checkpoint in `path` (transformers' layout, `config` its `config.json`) as `Whisper`,
+    its projection tied to the token embedding as Whisper's is."""
     try:
-        dims = WhisperDims.from_config(read_json(path / "config.json"))
+        dims = WhisperDims.from_config(config)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise WeightsError(f"{path / 'config.json'} does not describe a Whisper model: {exc}") from exc
     # Built on the CPU, its initial values then replaced: on the meta device the build would

@@ -62,7 +62,8 @@ class WhisperModel:
         projection get float16 weights (`half_weights.py`): at a few rows
         (decoding a token) float32 products are slow on a CPU."""
         self.path = path  # the checkpoint directory
-        self.model = load_whisper(path, device, dtype)
+        config, generation = read_json(path / "config.json"), read_json(path / "generation_config.json")
+        self.model = load_whisper(path, config, device, dtype)
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise WeightsError(f"missing file {tokenizer_file}")
@@ -72,7 +73,6 @@ class WhisperModel:
         self.n_mels = dims.n_mels
         self.max_frames = dims.audio_positions * 2
         self.max_target_positions = dims.text_positions
-        config, generation = read_json(path / "config.json"), read_json(path / "generation_config.json")
         try:
             self.eot = generation["eos_token_id"]
             self.sot = generation["decoder_start_token_id"]
