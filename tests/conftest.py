@@ -13,8 +13,10 @@ from clients.audio import load_audio_file
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "clients" / "samples"
 
-# 2 cores: more torch threads than cores only thrash.
-torch.set_num_threads(2)
+# One torch thread, as each lane of `voxrt serve` on a CPU runs: the suite runs as processes
+# side by side on the machine's cores (scripts/test.sh), and an OpenMP team of two there spends
+# its CPU waiting for a descheduled thread, not computing.
+torch.set_num_threads(1)
 # The same examples every run: a red CI is a bug found, never a draw. Examples found
 # failing are pinned with @example where they were found.
 settings.register_profile("voxrt", derandomize=True, print_blob=True)
