@@ -65,11 +65,7 @@ class ServerThread:
         self.thread.join(timeout=10)
 
     def connect(self, **kwargs) -> ClientConnection:
-        connection = connect(self.url, open_timeout=10, **kwargs)
-        created = json.loads(connection.recv(timeout=10))
-        assert created["type"] == "session.created" and created["id"].startswith("sess-")
-        assert isinstance(created["created"], int)
-        return connection
+        return open_session(self.url, **kwargs)
 
     def get(self, path: str) -> tuple[int, str]:
         with urllib.request.urlopen(self.http + path, timeout=10) as response:
@@ -84,6 +80,15 @@ class ServerThread:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
                 values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return values
+
+
+def open_session(url: str, **kwargs) -> ClientConnection:
+    """A connection to the realtime endpoint at `url`, its `session.created` read."""
+    connection = connect(url, open_timeout=10, **kwargs)
+    created = json.loads(connection.recv(timeout=10))
+    assert created["type"] == "session.created" and created["id"].startswith("sess-")
+    assert isinstance(created["created"], int)
+    return connection
 
 
 def hold_steps(engine: Engine, monkeypatch) -> tuple[threading.Event, threading.Event]:
@@ -226,6 +231,9 @@ class ServerProcess:
     def get(self, path: str) -> tuple[int, str]:
         return http_get(f"http://127.0.0.1:{self.port}{path}")
 
+    def connect(self, **kwargs) -> ClientConnection:
+        return open_session(self.url, **kwargs)
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.terminate()
@@ -239,7 +247,7 @@ class Bystander(threading.Thread):
     """A client streaming the first sentence of the welcome sample (`WELCOME_WORDS`) on the vLLM
     wire: its events, until done or an error."""
 
-    def __init__(self, harness: ServerThread, welcome_audio: np.ndarray) -> None:
+    def __init__(self, harness: "ServerThread | ServerProcess", welcome_audio: np.ndarray) -> None:
         super().__init__()
         self.harness, self.samples = harness, welcome_audio[: 16000 * WELCOME_SECONDS]
         self.events: list[dict] = []
