@@ -126,10 +126,12 @@ def test_half_an_hour_uploaded_at_full_speed_is_transcribed_in_bounded_memory(we
                 ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
                 return events_until(ws, "transcription.done", timeout=900)[-1]
 
-        upload(1)  # warm: caches and allocator at their working size
-        memory = ResidentMemory(server.process.pid)
+        # Warm (caches and allocator at their working size), and a session beside the upload
+        # must get its text; the half hour then runs alone, its memory the upload's own.
         with Bystander(server, welcome[0]):
-            done = upload(MINUTES)
+            upload(1)
+        memory = ResidentMemory(server.process.pid)
+        done = upload(MINUTES)
         rss = memory.stop()
     finally:
         server.stop()
@@ -341,28 +343,33 @@ with connect(sys.argv[1]) as ws:
 """
 
 
-def test_a_connection_the_server_closes_leaves_the_engine_at_once(whisper_model, monkeypatch):
+def test_a_connection_the_server_closes_leaves_the_engine_at_once(whisper_model, welcome_4s, monkeypatch):
     """Shedding closes a connection from outside its reader, when the engine is behind (here
     held) and the reader paused by backpressure. A client that has stopped (it answers no
     close frame) holds the close for a bounded time: its utterance leaves as the close
-    begins, not once the handshake gives up."""
+    begins, not once the handshake gives up. The session beside it keeps its utterance."""
     config = ServerConfig(limits=ConnectionLimits(max_buffered_seconds=1.0))
     harness = ServerThread(WhisperRunner(whisper_model), config)
     gate, held = hold_steps(harness.engine, monkeypatch)
-    uploader = subprocess.Popen([sys.executable, "-c", UPLOADER, harness.url])
+    uploader = None
     try:
-        assert held.wait(60)
-        wait_until(lambda: harness.metrics()["voxrt_audio_seconds_total"] > 1.0, 60)  # reads paused
-        uploader.send_signal(signal.SIGSTOP)
-        (connection,) = harness.server.connections
-        closing = asyncio.run_coroutine_threadsafe(
-            connection.close(1013, "server_overloaded", "shed by the test"), harness.loop
-        )
-        wait_until(lambda: harness.metrics()["voxrt_utterances_active"] == 0, 60)
-        closing.result(timeout=60)  # the silent client holds the close for a bounded time only
-        gate.set()
+        with harness.connect() as ws, streaming_beside(ws, welcome_4s):
+            assert held.wait(60)
+            (beside,) = harness.server.connections
+            uploader = subprocess.Popen([sys.executable, "-c", UPLOADER, harness.url])
+            wait_until(lambda: len(harness.server.connections) == 2, 60)
+            (connection,) = harness.server.connections - {beside}
+            wait_until(lambda: connection.audio_seconds > 1.0, 60)  # its reads paused
+            uploader.send_signal(signal.SIGSTOP)
+            closing = asyncio.run_coroutine_threadsafe(
+                connection.close(1013, "server_overloaded", "shed by the test"), harness.loop
+            )
+            wait_until(lambda: harness.metrics()["voxrt_utterances_active"] == 1, 60)
+            closing.result(timeout=60)  # the silent client holds the close for a bounded time only
+            gate.set()
         wait_until(lambda: harness.engine.stats().utterances == 0, 60)
     finally:
         gate.set()
-        uploader.kill()
+        if uploader is not None:
+            uploader.kill()
         harness.stop()
