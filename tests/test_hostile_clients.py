@@ -102,10 +102,10 @@ MINUTES = 30
 @pytest.mark.slow
 def test_half_an_hour_uploaded_at_full_speed_is_transcribed_in_bounded_memory(welcome, welcome_4s):
     """Speech then silence, every minute for half an hour, sent to `voxrt serve` as fast as
-    the socket takes it (8 hours: `benchmarks/long_session.py`), beside another session that
-    must get its text. Each turn goes whole in one event, its speech with the silence that ends
-    it, so every step sees ended turns and the text does not depend on how the upload falls
-    into steps; the rest of the minute follows second by second."""
+    the socket takes it (8 hours: `benchmarks/long_session.py`), after a first minute so sent
+    beside another session that must get its text. Each turn goes whole in one event, its
+    speech with the silence that ends it, so every step sees ended turns and the text does not
+    depend on how the upload falls into steps; the rest of the minute follows second by second."""
     turn = np.concatenate([welcome_4s, np.zeros(2 * 16000, np.float32)])
     rest = np.zeros(54 * 16000, np.float32)
     minute = [append_event(turn)] + [append_event(rest[i : i + 16000]) for i in range(0, len(rest), 16000)]
