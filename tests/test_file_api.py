@@ -5,7 +5,6 @@ same time."""
 
 import asyncio
 import io
-import json
 import socket
 import subprocess
 import sys
@@ -147,11 +146,8 @@ def broken_midway() -> bytes:
 
 def test_bad_oversize_and_unserved_requests_get_openai_errors_and_the_wire_goes_on(served):
     """A bystander streams on the WebSocket wire, same port and engine, while each bad request is answered."""
-    from websockets.sync.client import connect
-
     client = sdk(served)
-    with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
-        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+    with served.connect() as ws:
         stream(ws, load_audio_file(WELCOME))  # sent whole: transcribed while the bad requests come
         with pytest.raises(openai.BadRequestError) as bad:
             client.audio.transcriptions.create(
@@ -201,14 +197,11 @@ def test_an_hour_of_silence_in_a_few_hundred_kb_is_decoded_as_it_is_fed(served):
     """A FLAC of silence decodes to far more than its bytes: decoded whole, an hour of it would
     hold all its samples in the server, twice over while they are joined. The welcome at its
     end shows the whole file was read; a live session beside it gets its text."""
-    from websockets.sync.client import connect
-
     samples = load_audio_file(WELCOME)
     hour = flac(np.concatenate([np.zeros(3600 * 16000, np.float32), samples]))
     assert len(hour) < MAX_UPLOAD_MB << 20
     transcribe(served)  # warm: the server's caches and allocator at their working size
-    with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
-        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+    with served.connect() as ws:
         memory = ResidentMemory(served.process.pid)
         stream(ws, samples)  # sent whole: transcribed while the hour is
         got = sdk(served).audio.transcriptions.create(
@@ -225,16 +218,13 @@ def test_an_hour_of_silence_in_a_few_hundred_kb_is_decoded_as_it_is_fed(served):
 
 def test_a_live_session_and_uploads_at_once_each_get_their_own_text(served):
     """The same port, the same engine: a WebSocket session streams while two uploads run."""
-    from websockets.sync.client import connect
-
     results: dict[str, str] = {}
 
     def upload(name: str) -> None:
         results[name] = transcribe(served).text
 
     uploads = [threading.Thread(target=upload, args=(f"upload-{i}",)) for i in range(2)]
-    with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
-        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+    with served.connect() as ws:
         for thread in uploads:
             thread.start()
         stream(ws, load_audio_file(WELCOME))
@@ -270,10 +260,7 @@ def test_clients_trickling_their_forms_hold_no_seat_and_are_cut_off(served):
     """As many clients as there are seats (`--max-uploads` 2) send a form's first bytes and stop:
     an upload beside them is transcribed at once, and each of them gets 408 once it falls behind
     the pace a form must keep. A live session beside them gets its text."""
-    from websockets.sync.client import connect
-
-    with connect(f"ws://127.0.0.1:{served.port}/v1/realtime") as ws:
-        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+    with served.connect() as ws:
         stream(ws, load_audio_file(WELCOME))  # sent whole: transcribed while the forms trickle
         # Their bytes are in before the upload's connection opens: the server reads them first.
         trickling = [trickled_form(served.port) for _ in range(2)]

@@ -11,10 +11,9 @@ import urllib.request
 import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
 
 from tests.conftest import ROOT
-from tests.server_harness import events_until, http_get, stream, wait_until
+from tests.server_harness import events_until, http_get, open_session, stream, wait_until
 
 
 def start_server(*extra: str, model: str = "whisper-tiny.en") -> tuple[subprocess.Popen, str]:
@@ -47,8 +46,7 @@ def test_sigterm_drains_utterances_and_exits_zero(welcome):
     samples, _ = welcome
     process, url = start_server("--drain-seconds", "300")
     try:
-        with connect(url, open_timeout=10) as ws:
-            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        with open_session(url) as ws:
             stream(ws, samples[: 16000 * 4], final=False)
             # Signal once the server holds all 4 s of audio: the drain must transcribe it all.
             metrics_url = url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
@@ -79,8 +77,7 @@ def test_sigint_drains_too_and_what_it_cannot_finish_in_its_seconds_is_closed_wi
     samples, _ = welcome
     process, url = start_server("--drain-seconds", "0.5")
     try:
-        with connect(url, open_timeout=10) as ws:
-            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        with open_session(url) as ws:
             stream(ws, np.tile(samples, 6), 16000, final=False)  # a minute to transcribe
             metrics_url = url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
             wait_until(lambda: "voxrt_utterances_active 1.0" in http_get(metrics_url)[1], 60)

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
-from tests.server_harness import append_event, events_until, wait_until
+from tests.server_harness import append_event, events_until, open_session, wait_until
 from tests.test_server_process import start_server
 from tests.voxtral_harness import pcm16_grid, pieces, reference_text, reference_tokens
 
@@ -37,8 +37,7 @@ def test_a_client_gets_generates_transcript_and_a_vanished_one_leaves_nothing(vo
         vanishing.socket.shutdown(socket.SHUT_RDWR)
         vanishing.socket.close()
 
-        with connect(url, open_timeout=10) as ws:
-            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        with open_session(url) as ws:
             ws.send(json.dumps({"type": "session.update", "model": "voxtral", "word_timestamps": True}))
             refused = events_until(ws, "error")[-1]  # its tokens are not timed words
             assert refused["code"] == "unsupported_option", refused
