@@ -162,11 +162,12 @@ def test_frame_over_the_limit_is_closed_with_1009(server, welcome):
         expect_error(ws, "{", "invalid_json")
 
 
-def test_session_past_its_length_limit(whisper_model, monkeypatch):
-    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), unmeasured(max_session_seconds=3.0))
+def test_session_past_its_length_limit(whisper_model, welcome):
+    """An utterance past the limit ends with an error; a session under it streams beside."""
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), unmeasured(max_session_seconds=5.0))
     try:
-        with harness.connect() as ws:
-            stream(ws, np.zeros(16000 * 5, np.float32), final=False)
+        with harness.connect() as ws, Bystander(harness, welcome[0]):
+            stream(ws, np.zeros(16000 * 7, np.float32), final=False)
             error = events_until(ws, "error")[-1]
             assert error["code"] == "session_too_long"
             # A new utterance on the same connection works.
