@@ -105,7 +105,7 @@ WARM_MINUTES = 5
 @pytest.mark.slow
 def test_half_an_hour_uploaded_at_full_speed_is_transcribed_in_bounded_memory(welcome, welcome_4s):
     """Speech then silence, every minute for half an hour, sent to `voxrt serve` as fast as
-    the socket takes it (8 hours: `benchmarks/long_session.py`), after a first minute so sent
+    the socket takes it (8 hours: `benchmarks/long_session.py`), after `WARM_MINUTES` so sent
     beside another session that must get its text. Each turn goes whole in one event, its
     speech with the silence that ends it, so every step sees ended turns and the text does not
     depend on how the upload falls into steps; the rest of the minute follows second by second."""
