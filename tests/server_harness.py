@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -241,6 +242,18 @@ class ServerProcess:
         if self.log is not None:
             self.log.close()
         return code
+
+
+@contextlib.contextmanager
+def streaming_beside(ws: ClientConnection, samples: np.ndarray) -> Iterator[None]:
+    """A session on `ws` streams half its audio before the block and half after, and must
+    then get its text: what the block's clients did never reached it."""
+    half = len(samples) // 2
+    stream(ws, samples[:half], 1600, final=False)
+    yield
+    stream(ws, samples[half:], 1600)  # its commit finds the utterance running: it goes on
+    text = events_until(ws, "transcription.done", timeout=120)[-1]["text"]
+    assert word_error_rate(WELCOME_WORDS, text) <= 0.2, text
 
 
 class Bystander(threading.Thread):

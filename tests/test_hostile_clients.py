@@ -2,7 +2,6 @@
 many from one address, a foreign origin. The well-behaved sessions beside them get their text."""
 
 import asyncio
-import contextlib
 import json
 import signal
 import subprocess
@@ -10,14 +9,13 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import connect
 
 from benchmarks.text import word_error_rate
 from realtime.config import ServerConfig
@@ -33,6 +31,7 @@ from tests.server_harness import (
     events_until,
     hold_steps,
     stream,
+    streaming_beside,
     wait_until,
 )
 from voxtral.whisper.runner import WhisperRunner
@@ -49,18 +48,6 @@ def transcribe(server: ServerThread, samples: np.ndarray, chunk: int = 1600) -> 
     with server.connect() as ws:
         stream(ws, samples, chunk)
         return events_until(ws, "transcription.done", timeout=120)[-1]["text"]
-
-
-@contextlib.contextmanager
-def streaming_beside(ws: ClientConnection, samples: np.ndarray) -> Iterator[None]:
-    """A session on `ws` streams half its audio before the block and half after, and must
-    then get its text: what the block's clients did never reached it."""
-    half = len(samples) // 2
-    stream(ws, samples[:half], 1600, final=False)
-    yield
-    stream(ws, samples[half:], 1600)  # its commit finds the utterance running: it goes on
-    text = events_until(ws, "transcription.done", timeout=120)[-1]["text"]
-    assert word_error_rate(WELCOME_WORDS, text) <= 0.2, text
 
 
 @pytest.fixture(scope="module")

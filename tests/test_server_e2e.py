@@ -24,6 +24,7 @@ from realtime.server import RealtimeServer
 from realtime.sockets import uvicorn_server
 from tests.conftest import espeak
 from tests.server_harness import (
+    WELCOME_SECONDS,
     Bystander,
     ServerThread,
     append_event,
@@ -31,6 +32,7 @@ from tests.server_harness import (
     expect_error,
     hold_steps,
     stream,
+    streaming_beside,
     unmeasured,
     wait_until,
 )
@@ -163,10 +165,15 @@ def test_frame_over_the_limit_is_closed_with_1009(server, welcome):
 
 
 def test_session_past_its_length_limit(whisper_model, welcome):
-    """An utterance past the limit ends with an error; a session under it streams beside."""
+    """An utterance past the limit ends with an error; a session under it, its utterance
+    running throughout, gets its text."""
     harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(), unmeasured(max_session_seconds=5.0))
     try:
-        with harness.connect() as ws, Bystander(harness, welcome[0]):
+        with (
+            harness.connect() as ws,
+            harness.connect() as beside,
+            streaming_beside(beside, welcome[0][: WELCOME_SECONDS * 16000]),
+        ):
             stream(ws, np.zeros(16000 * 7, np.float32), final=False)
             error = events_until(ws, "error")[-1]
             assert error["code"] == "session_too_long"
