@@ -18,6 +18,7 @@ import torch
 
 from benchmarks.alignment import word_ends
 from clients.audio import SAMPLE_RATE, load_audio_file
+from voxtral.loading import served_cpu_weights
 from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir
 
@@ -122,8 +123,10 @@ def passage(model: WhisperModel, index: int) -> Passage:
     return Passage(audio, words, ends, " ".join(texts), f"{engine}:{voice}")
 
 
-def tiny_en_models() -> tuple[WhisperModel, WhisperModel]:
-    """tiny.en as `voxrt serve` loads it on a CPU (int8), and in float32 for `passage`'s word ends."""
+def tiny_en_models(cpu_weights: str | None = None) -> tuple[WhisperModel, WhisperModel]:
+    """tiny.en as `voxrt serve` loads it on this CPU (`cpu_weights` None) or with those CPU
+    weights, and in float32 for `passage`'s word ends."""
     cpu = torch.device("cpu")
     path = embedded_whisper_dir(TINY_EN)
-    return WhisperModel(path, cpu, torch.float32, int8=True), WhisperModel(path, cpu, torch.float32)
+    served = WhisperModel(path, cpu, torch.float32, cpu_weights or served_cpu_weights())
+    return served, WhisperModel(path, cpu, torch.float32)

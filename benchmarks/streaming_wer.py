@@ -32,7 +32,7 @@ from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import Transcription
-from voxtral.whisper.model import WhisperModel
+from voxtral.whisper.model import CPU_WEIGHTS, WhisperModel
 from voxtral.whisper.runner import WhisperRunner
 
 
@@ -85,10 +85,11 @@ def main() -> None:
     parser.add_argument("--passages", type=int, default=6, help="synthetic passages")
     parser.add_argument("--offsets", default="0,0.25", help="seconds of silence before each passage")
     parser.add_argument("--step", type=float, default=0.7, help="seconds of audio per engine step")
+    parser.add_argument("--cpu-weights", choices=CPU_WEIGHTS, help="(default: as `voxrt serve` on this CPU)")
     args = parser.parse_args()
     configure_logging("warning")
     torch.set_num_threads(2)
-    model, timing = tiny_en_models()
+    model, timing = tiny_en_models(args.cpu_weights)
     step = round(args.step * SAMPLE_RATE)
     references, texts, offline = {}, {}, {}
     for name, (audio, reference) in clips(args.speech, timing, model, args.passages).items():

@@ -1,13 +1,13 @@
 """Where one Whisper window's time goes, on one thread (a lane's): the encoder and its share
-in attention and in the int8 linear layers, the decoder's cross-attention keys, its first pass,
+in attention and in the linear layers, the decoder's cross-attention keys, its first pass,
 and one token's pass split into the layers and the vocabulary projection.
 
-tiny.en as `voxrt serve` loads it on a CPU; a window of `--seconds` of audio with the tail's
-silence (`WhisperPolicy.encoder_frames`), `--read` tokens in the first pass. The cost does not
-depend on what the audio says, so the window is silence. Prints one JSON line of milliseconds
-(medians) and shares.
+tiny.en as `voxrt serve` loads it on this CPU (or with `--cpu-weights`); a window of
+`--seconds` of audio with the tail's silence (`WhisperPolicy.encoder_frames`), `--read` tokens
+in the first pass. The cost does not depend on what the audio says, so the window is silence.
+Prints one JSON line of milliseconds (medians) and shares.
 
-    .venv/bin/python -m benchmarks.whisper_parts [--seconds 10] [--read 30]
+    .venv/bin/python -m benchmarks.whisper_parts [--seconds 10] [--read 30] [--cpu-weights int8]
 """
 
 import argparse
@@ -20,6 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.speech import tiny_en_models
+from voxtral.whisper.model import CPU_WEIGHTS
 from voxtral.whisper.policy import WhisperPolicy
 from voxtral.whisper.stream import POSITIONS_PER_SECOND
 
@@ -39,9 +40,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="of audio in the window")
     parser.add_argument("--read", type=int, default=30, help="tokens of the first pass")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--cpu-weights", choices=CPU_WEIGHTS, help="(default: as `voxrt serve` on this CPU)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, _ = tiny_en_models()
+    model, _ = tiny_en_models(args.cpu_weights)
     frames = WhisperPolicy().encoder_frames(
         round(args.seconds * POSITIONS_PER_SECOND), POSITIONS_PER_SECOND, model.max_frames
     )
@@ -52,6 +54,7 @@ def main() -> None:
     kernels = {event.key: event.self_cpu_time_total for event in profiled.key_averages()}
     total = sum(kernels.values())
     attention = sum(t for key, t in kernels.items() if "scaled_dot_product" in key)
+    linear = sum(kernels.get(key, 0) for key in ("quantized::linear_dynamic", "aten::addmm", "aten::mm"))
     states = model.encode(features)
     keys_ms = median_ms(lambda: model.steps.start(states, None, args.read + 1), args.repeats)
     ids = torch.full((1, args.read), model.eot)
@@ -81,7 +84,8 @@ def main() -> None:
                 "mel_frames": frames,
                 "encoder_ms": round(encoder_ms, 1),
                 "encoder_attention_share": round(attention / total, 2),
-                "encoder_int8_linear_share": round(kernels.get("quantized::linear_dynamic", 0) / total, 2),
+                "cpu_weights": model.cpu_weights,
+                "encoder_linear_share": round(linear / total, 2),
                 "cross_keys_ms": round(keys_ms, 1),
                 "first_pass_ms": round(first_ms, 1),
                 "token_layers_ms": round(layers_ms, 2),

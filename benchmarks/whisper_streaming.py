@@ -50,6 +50,7 @@ from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from realtime.server import RealtimeServer
 from voxtral.audio import SAMPLE_RATE
+from voxtral.loading import served_cpu_weights
 from voxtral.whisper.model import Hypothesis, WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter
 from voxtral.whisper.runner import WhisperRunner
@@ -309,9 +310,9 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging("warning")  # stdout carries the one JSON line
     torch.set_num_threads(2)
-    # As `voxrt serve` loads it on a CPU, and the float32 model it is quantized from.
-    cpu = torch.device("cpu")
-    model = WhisperModel(embedded_whisper_dir(args.model), cpu, torch.float32, int8=True)
+    # As `voxrt serve` loads it on this CPU, and the float32 model it is made from.
+    cpu, served = torch.device("cpu"), served_cpu_weights()
+    model = WhisperModel(embedded_whisper_dir(args.model), cpu, torch.float32, served)
     float32 = WhisperModel(embedded_whisper_dir(args.model), cpu, torch.float32)
     timing = (
         float32 if args.model == TINY_EN else WhisperModel(embedded_whisper_dir(TINY_EN), cpu, torch.float32)
@@ -345,18 +346,18 @@ def main() -> None:
     references = [p.text for p in passages]
     offline = {
         key: [offline_texts(m, [p.delayed(shift).audio for p in passages]) for shift in OFFLINE_SHIFTS]
-        for key, m in (("int8", model), ("float32", float32))
+        for key, m in ((served, model), ("float32", float32))
     }
 
     def offline_mean(score: Callable[[str, str], float], key: str, n: int) -> float:
         return round(float(np.mean([mean_wer(score, references[:n], t[:n]) for t in offline[key]])), 4)
 
     out["offline_shifts_s"] = OFFLINE_SHIFTS
-    out["offline_wer"] = {str(n): offline_mean(whisper_wer, "int8", n) for n in counts}
+    out["offline_wer"] = {str(n): offline_mean(whisper_wer, served, n) for n in counts}
     out["offline_wer_per_shift"] = {
-        str(n): [mean_wer(whisper_wer, references[:n], t[:n]) for t in offline["int8"]] for n in counts
+        str(n): [mean_wer(whisper_wer, references[:n], t[:n]) for t in offline[served]] for n in counts
     }
-    out["offline_verbatim_wer"] = {str(n): offline_mean(word_error_rate, "int8", n) for n in counts}
+    out["offline_verbatim_wer"] = {str(n): offline_mean(word_error_rate, served, n) for n in counts}
     out["offline_wer_float32"] = {str(n): offline_mean(whisper_wer, "float32", n) for n in counts}
     if not args.no_baseline:
         out["baseline"] = {}

@@ -277,6 +277,7 @@ class RealtimeServer:
             url=f"ws://{self.config.host}:{self.port}{REALTIME_PATH}",
             model=self.model.name,
             device=str(self.engine.runner.spec.device),
+            precision=self.engine.runner.spec.precision,
         )
 
     def accepting(self) -> bool:

@@ -91,7 +91,8 @@ class ModelSettings:
     dtype: str | None = field(
         default=None,
         metadata=setting(
-            "float32, bfloat16, float16 (default: by device); Whisper on the CPU: int8 (default) or float32"
+            "float32, bfloat16, float16 (default: by device); Whisper on the CPU: int8, bfloat16 "
+            "(the default where the CPU has AMX tiles, else int8) or float32"
         ),
     )
     threads: int | None = field(

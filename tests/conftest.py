@@ -63,7 +63,7 @@ def whisper_model(whisper_dir):
     """tiny.en as `voxrt serve` loads it on the CPU: int8 (voxtral/loading.py)."""
     from voxtral.whisper.model import WhisperModel
 
-    return WhisperModel(whisper_dir, torch.device("cpu"), torch.float32, int8=True)
+    return WhisperModel(whisper_dir, torch.device("cpu"), torch.float32, "int8")
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import ROOT
 from tests.server_harness import events_until, http_get, open_session, stream, wait_until
+from voxtral.loading import served_cpu_weights
 
 
 def start_server(*extra: str, model: str = "whisper-tiny.en") -> tuple[subprocess.Popen, str]:
@@ -36,6 +37,8 @@ def start_server(*extra: str, model: str = "whisper-tiny.en") -> tuple[subproces
             continue
         if record.get("event") == "server.listening":
             assert record["model"] == model and record["device"] == "cpu"
+            # Whisper's by this CPU (the default), Voxtral's float32 (the CPU's default dtype).
+            assert record["precision"] == (served_cpu_weights() if "whisper" in model else "float32")
             return process, record["url"]
     process.kill()
     pytest.fail("server did not start")

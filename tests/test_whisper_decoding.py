@@ -6,9 +6,11 @@ from transformers.modeling_outputs import BaseModelOutput
 from benchmarks.reference import transformers_whisper
 from benchmarks.text import word_error_rate
 from voxtral.audio import normalize_log_mel, raw_log_mel
+from voxtral.whisper.bfloat16 import BFloat16Linear
 from voxtral.whisper.decoder import pad_states
 from voxtral.whisper.half_weights import HalfWeightLinear
 from voxtral.whisper.loop_guard import LoopGuard
+from voxtral.whisper.model import CPU_WEIGHTS
 from voxtral.whisper.words import TokenWords
 
 pytestmark = pytest.mark.untimed
@@ -106,24 +108,58 @@ def test_a_half_weight_linear_computes_each_row_on_its_own():
     assert not torch.allclose(together, linear(rows), atol=1e-6)  # the weights were rounded
 
 
-def test_int8_model_transcribes_as_the_float32_one(whisper_float32, welcome):
-    """The CPU default (voxtral/loading.py) against the float32 model it is quantized from."""
+@pytest.mark.parametrize("weights", CPU_WEIGHTS)
+def test_cpu_weights_transcribe_as_the_float32_model(whisper_float32, welcome, weights):
+    """Each of Whisper's CPU weights (voxtral/loading.py) against the float32 model they are
+    made from."""
     from voxtral.loading import load_model
 
-    quantized = load_model(None, "cpu").runner.model
-    assert isinstance(quantized.model.proj_out, HalfWeightLinear)
-    assert isinstance(quantized.model.decoder.layers[0].fc1, HalfWeightLinear)
-    assert isinstance(quantized.model.encoder.layers[0].fc1, torch.ao.nn.quantized.dynamic.Linear)
-    assert isinstance(load_model(None, "cpu", "float32").runner.model.model.proj_out, torch.nn.Linear)
+    fast = load_model(None, "cpu", weights).runner.model
+    assert isinstance(fast.model.proj_out, HalfWeightLinear)
+    assert isinstance(fast.model.decoder.layers[0].fc1, HalfWeightLinear)
+    encoder_fc1, cross_keys = (
+        fast.model.encoder.layers[0].fc1,
+        fast.model.decoder.layers[0].encoder_attn.k_proj,
+    )
+    if weights == "int8":
+        assert isinstance(encoder_fc1, torch.ao.nn.quantized.dynamic.Linear)
+        assert isinstance(cross_keys, torch.ao.nn.quantized.dynamic.Linear)
+    else:
+        assert encoder_fc1.weight.dtype == torch.bfloat16 and isinstance(cross_keys, BFloat16Linear)
     samples, _ = welcome
     # Whole sentences: a word cut at a window's end is a coin toss for either model.
     batch = torch.cat([features(samples, 1300), features(samples[48000:], 1300)])
-    exact = whisper_float32.decode(whisper_float32.encode(batch), [120, 120])
-    fast = quantized.decode(quantized.encode(batch), [120, 120])
-    for hyp, int8_hyp in zip(exact, fast, strict=True):
+    exact_states, fast_states = whisper_float32.encode(batch), fast.encode(batch)
+    assert fast_states.dtype == torch.float32
+    exact, hypotheses = whisper_float32.decode(exact_states, [120, 120]), fast.decode(fast_states, [120, 120])
+    for hyp, fast_hyp in zip(exact, hypotheses, strict=True):
         assert len(hyp.text.split()) > 8
-        assert word_error_rate(hyp.text, int8_hyp.text) <= 0.05, (hyp.text, int8_hyp.text)
-        assert len(int8_hyp.frames) == len(int8_hyp.token_ids)
+        assert word_error_rate(hyp.text, fast_hyp.text) <= 0.05, (hyp.text, fast_hyp.text)
+        assert len(fast_hyp.frames) == len(fast_hyp.token_ids)
+
+
+def test_voxrt_serve_takes_the_cpu_weights_that_suit_this_cpu():
+    from voxtral.loading import load_model, served_cpu_weights
+
+    assert load_model(None, "cpu").runner.model.cpu_weights == served_cpu_weights()
+    assert load_model(None, "cpu", "float32").runner.model.cpu_weights is None
+
+
+def test_bfloat16_encoder_states_are_nearer_float32_than_int8s(whisper_float32, welcome):
+    """bfloat16 rounds only the products' inputs, int8 each activation to one of 256 steps
+    (voxtral/whisper/bfloat16.py): on real speech its states stray less from float32's."""
+    from voxtral.whisper.model import WhisperModel
+
+    window = features(welcome[0], 1300)
+    exact = whisper_float32.encode(window)
+
+    def strays(weights: str) -> float:
+        states = WhisperModel(whisper_float32.path, torch.device("cpu"), torch.float32, weights).encode(
+            window
+        )
+        return float((states - exact).norm() / exact.norm())
+
+    assert 0 < strays("bfloat16") < strays("int8")
 
 
 def test_a_row_saying_again_a_run_of_its_own_stops_and_loses_the_segment_it_began_in():

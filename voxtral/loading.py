@@ -10,7 +10,8 @@ import torch
 from voxtral.errors import WeightsError
 from voxtral.runner import ModelRunner
 from voxtral.voxtral_realtime.checkpoint import local_checkpoint
-from voxtral.whisper.model import WhisperModel
+from voxtral.whisper import bfloat16
+from voxtral.whisper.model import CPU_WEIGHTS, WhisperModel
 from voxtral.whisper.runner import WhisperRunner
 from voxtral.whisper.weights import BASE, TINY_EN, embedded_whisper_dir
 
@@ -41,14 +42,21 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def served_cpu_weights() -> str:
+    """Whisper's CPU weights by default (`WhisperModel`'s `cpu_weights`)."""
+    return "bfloat16" if bfloat16.available() else "int8"
+
+
 def _whisper_model(path: Path, device: torch.device, dtype: str | None) -> WhisperModel:
-    """On the CPU Whisper runs float32 (bfloat16 there is slower and less exact) with int8
-    weights (the default, `int8`; which layers: `WhisperModel`) or not (`float32`)."""
+    """On the CPU Whisper runs float32 with the layers that read a whole window in bfloat16
+    where the CPU multiplies it in hardware, else with int8 weights (the default; which layers:
+    `WhisperModel`), or float32 throughout (`float32`)."""
     if device.type == "cuda":
         return WhisperModel(path, device, pick_dtype(dtype, device))
-    if dtype not in (None, "int8", "float32"):
-        raise WeightsError(f"--dtype {dtype}: Whisper on the CPU runs int8 or float32")
-    return WhisperModel(path, device, torch.float32, int8=dtype != "float32")
+    if dtype not in (None, *CPU_WEIGHTS, "float32"):
+        raise WeightsError(f"--dtype {dtype}: Whisper on the CPU runs int8, bfloat16 or float32")
+    dtype = dtype or served_cpu_weights()
+    return WhisperModel(path, device, torch.float32, None if dtype == "float32" else dtype)
 
 
 def _model_type(path: Path) -> str:

@@ -111,6 +111,7 @@ class ModelSpec:
 
     name: str
     device: torch.device
+    precision: str  # what its products compute in, as `--dtype` names it
     chunk_samples: int  # samples per audio item, the family's natural chunk
     samples_per_position: int
     leading_silence_samples: int  # zeros an utterance's audio starts with

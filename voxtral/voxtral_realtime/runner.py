@@ -78,6 +78,7 @@ class VoxtralRunner:
         self.spec = ModelSpec(
             name="voxtral_realtime",
             device=model.device,
+            precision=str(dtype).removeprefix("torch."),
             chunk_samples=model.samples_per_position,
             samples_per_position=model.samples_per_position,
             leading_silence_samples=model.left_pad_samples,

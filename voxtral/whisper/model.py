@@ -13,6 +13,7 @@ from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
 from voxtral.errors import WeightsError
 from voxtral.whisper import half_weights
+from voxtral.whisper.bfloat16 import BFloat16Linear
 from voxtral.whisper.decoder import StepDecoder
 from voxtral.whisper.greedy import GreedyRow
 from voxtral.whisper.layers import load_whisper, read_json
@@ -21,6 +22,7 @@ from voxtral.whisper.logits import Suppress, SuppressAtStart, TimestampRules, ap
 SECONDS_PER_TIMESTAMP = 0.02
 MULTILINGUAL_VOCAB_SIZE = 51865
 TASKS = ("transcribe", "translate")
+CPU_WEIGHTS = ("int8", "bfloat16")  # `WhisperModel`'s `cpu_weights`
 
 
 @dataclass
@@ -53,14 +55,20 @@ class WhisperModel:
     """A Whisper checkpoint (transformers' layout) plus its tokenizer and special ids, English-only
     or multilingual."""
 
-    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> None:
-        """`int8` (CPU only): an English-only model's encoder gets int8 weights per output
-        channel, activations quantized on the fly; its float32 products run near the CPU's
-        peak, and int8 is faster at the same offline WER (docs/models.md). So do the decoder's
-        projections of the encoder states. The multilingual base keeps them float32: int8
-        garbled its German streamed. The decoder's other linear layers and the vocabulary
-        projection get float16 weights (`half_weights.py`): at a few rows
-        (decoding a token) float32 products are slow on a CPU."""
+    def __init__(
+        self, path: Path, device: torch.device, dtype: torch.dtype, cpu_weights: str | None = None
+    ) -> None:
+        """`cpu_weights` (CPU only, float32 models): what the layers that read a whole window
+        (the encoder, and the decoder's projections of its states into cross-attention keys
+        and values) compute with, where float32 products are the slow part of a decode:
+        - `int8`: int8 weights per output channel, activations quantized on the fly, faster
+          at the same offline WER (docs/models.md);
+        - `bfloat16`: bfloat16 throughout, for CPUs that multiply it in hardware
+          (`bfloat16.py`).
+        The multilingual base keeps them float32 under either (docs/models.md).
+        Either way the decoder's other linear layers and the vocabulary projection get float16
+        weights (`half_weights.py`): at a few rows (decoding a token) float32 products are slow
+        on a CPU. None: `dtype` throughout."""
         self.path = path  # the checkpoint directory
         config, generation = read_json(path / "config.json"), read_json(path / "generation_config.json")
         self.model = load_whisper(path, config, device, dtype)
@@ -69,6 +77,8 @@ class WhisperModel:
             raise WeightsError(f"missing file {tokenizer_file}")
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.device, self.dtype = device, dtype
+        self.cpu_weights = cpu_weights
+        self.encoder_dtype = dtype  # the encoder's; its states are returned as `dtype`
         dims = self.model.dims
         self.n_mels = dims.n_mels
         self.max_frames = dims.audio_positions * 2
@@ -101,8 +111,8 @@ class WhisperModel:
         if not generation.get("alignment_heads"):
             raise WeightsError(f"{path / 'generation_config.json'} lists no alignment_heads")
         self.steps = StepDecoder(self.model.decoder, generation["alignment_heads"])
-        if int8:
-            self._quantize()
+        if cpu_weights is not None:
+            self._cpu_weights(cpu_weights)
 
     def _language_ids(self) -> dict[str, int]:
         """Language tokens follow <|startoftranscript|>: <|en|>, <|zh|>, ... up to <|translate|>."""
@@ -142,18 +152,28 @@ class WhisperModel:
         logits = self.model.proj_out(hidden[:, -1]).float()
         return torch.softmax(logits[:, list(self.language_ids.values())], dim=-1).cpu()
 
-    def _quantize(self) -> None:
+    def _cpu_weights(self, kind: str) -> None:
         if self.device.type != "cpu" or self.dtype != torch.float32:
-            raise ValueError("int8 Whisper is for float32 models on the CPU")
-        config = {nn.Linear: per_channel_dynamic_qconfig}
-        with (
-            warnings.catch_warnings()
-        ):  # torch.ao's eager API is deprecated for torchao, which is not a dependency
-            warnings.simplefilter("ignore")
-            # The encoder encodes one window at a time: the activations' one scale is the window's.
-            # So do the decoder's projections of a window's states into cross-attention keys and
-            # values (`StepDecoder.start`), its largest products.
-            if not self.multilingual:
+            raise ValueError("int8 and bfloat16 Whisper are for float32 models on the CPU")
+        if kind not in CPU_WEIGHTS:
+            raise ValueError(f"Whisper's CPU weights are one of {CPU_WEIGHTS}, not {kind!r}")
+        # The multilingual base keeps these float32: its German streamed lost words to either.
+        if kind == "bfloat16" and not self.multilingual:
+            self.model.encoder.to(torch.bfloat16)
+            self.encoder_dtype = torch.bfloat16
+            for layer in self.model.decoder.layers:
+                attention = layer.encoder_attn
+                attention.k_proj = BFloat16Linear(attention.k_proj)
+                attention.v_proj = BFloat16Linear(attention.v_proj)
+        elif kind == "int8" and not self.multilingual:
+            config = {nn.Linear: per_channel_dynamic_qconfig}
+            with (
+                warnings.catch_warnings()
+            ):  # torch.ao's eager API is deprecated for torchao, which is not a dependency
+                warnings.simplefilter("ignore")
+                # The encoder encodes one window at a time: the activations' one scale is the
+                # window's. So do the decoder's projections of a window's states into
+                # cross-attention keys and values (`StepDecoder.start`), its largest products.
                 quantize_dynamic(self.model.encoder, config, inplace=True)
                 cross = {"k_proj": per_channel_dynamic_qconfig, "v_proj": per_channel_dynamic_qconfig}
                 for layer in self.model.decoder.layers:
@@ -169,7 +189,7 @@ class WhisperModel:
     def encode(self, features: torch.Tensor) -> torch.Tensor:
         """Encoder states for (batch, n_mels, frames) with frames even and at most 3000: windows
         shorter than 30 s too (`layers.Encoder`)."""
-        return self.model.encoder(features.to(self.device, self.dtype))
+        return self.model.encoder(features.to(self.device, self.encoder_dtype)).to(self.dtype)
 
     @torch.inference_mode()
     def decode(

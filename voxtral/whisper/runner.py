@@ -51,6 +51,7 @@ class WhisperRunner:
         self.spec = ModelSpec(
             name="whisper",
             device=model.device,
+            precision=model.cpu_weights or str(model.dtype).removeprefix("torch."),
             chunk_samples=int(self.policy.chunk_seconds * SAMPLE_RATE) // HOP * HOP,
             samples_per_position=HOP,
             leading_silence_samples=0,
