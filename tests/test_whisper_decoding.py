@@ -138,11 +138,14 @@ def test_cpu_weights_transcribe_as_the_float32_model(whisper_float32, welcome, w
         assert len(fast_hyp.frames) == len(fast_hyp.token_ids)
 
 
-def test_voxrt_serve_takes_the_cpu_weights_that_suit_this_cpu():
+def test_voxrt_serve_takes_the_cpu_weights_that_suit_this_cpu(base_runner):
     from voxtral.loading import load_model, served_cpu_weights
 
     assert load_model(None, "cpu").runner.model.cpu_weights == served_cpu_weights()
     assert load_model(None, "cpu", "float32").runner.model.cpu_weights is None
+    # The multilingual base keeps its encoder float32 (voxtral/whisper/model.py).
+    assert base_runner.model.cpu_weights is None and base_runner.model.encoder_dtype == torch.float32
+    assert base_runner.spec.precision == "float32"
 
 
 def test_bfloat16_encoder_states_are_nearer_float32_than_int8s(whisper_float32, welcome):

@@ -77,7 +77,7 @@ class WhisperModel:
             raise WeightsError(f"missing file {tokenizer_file}")
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.device, self.dtype = device, dtype
-        self.cpu_weights = cpu_weights
+        self.cpu_weights: str | None = None  # what the window's layers got; None: `dtype`
         self.encoder_dtype = dtype  # the encoder's; its states are returned as `dtype`
         dims = self.model.dims
         self.n_mels = dims.n_mels
@@ -158,26 +158,28 @@ class WhisperModel:
         if kind not in CPU_WEIGHTS:
             raise ValueError(f"Whisper's CPU weights are one of {CPU_WEIGHTS}, not {kind!r}")
         # The multilingual base keeps these float32: its German streamed lost words to either.
-        if kind == "bfloat16" and not self.multilingual:
-            self.model.encoder.to(torch.bfloat16)
-            self.encoder_dtype = torch.bfloat16
-            for layer in self.model.decoder.layers:
-                attention = layer.encoder_attn
-                attention.k_proj = BFloat16Linear(attention.k_proj)
-                attention.v_proj = BFloat16Linear(attention.v_proj)
-        elif kind == "int8" and not self.multilingual:
-            config = {nn.Linear: per_channel_dynamic_qconfig}
-            with (
-                warnings.catch_warnings()
-            ):  # torch.ao's eager API is deprecated for torchao, which is not a dependency
-                warnings.simplefilter("ignore")
-                # The encoder encodes one window at a time: the activations' one scale is the
-                # window's. So do the decoder's projections of a window's states into
-                # cross-attention keys and values (`StepDecoder.start`), its largest products.
-                quantize_dynamic(self.model.encoder, config, inplace=True)
-                cross = {"k_proj": per_channel_dynamic_qconfig, "v_proj": per_channel_dynamic_qconfig}
+        if not self.multilingual:
+            self.cpu_weights = kind
+            if kind == "bfloat16":
+                self.model.encoder.to(torch.bfloat16)
+                self.encoder_dtype = torch.bfloat16
                 for layer in self.model.decoder.layers:
-                    quantize_dynamic(layer.encoder_attn, cross, inplace=True)
+                    attention = layer.encoder_attn
+                    attention.k_proj = BFloat16Linear(attention.k_proj)
+                    attention.v_proj = BFloat16Linear(attention.v_proj)
+            else:
+                config = {nn.Linear: per_channel_dynamic_qconfig}
+                with (
+                    warnings.catch_warnings()
+                ):  # torch.ao's eager API is deprecated for torchao, which is not a dependency
+                    warnings.simplefilter("ignore")
+                    # The encoder encodes one window at a time: the activations' one scale is the
+                    # window's. So do the decoder's projections of a window's states into
+                    # cross-attention keys and values (`StepDecoder.start`), its largest products.
+                    quantize_dynamic(self.model.encoder, config, inplace=True)
+                    cross = {"k_proj": per_channel_dynamic_qconfig, "v_proj": per_channel_dynamic_qconfig}
+                    for layer in self.model.decoder.layers:
+                        quantize_dynamic(layer.encoder_attn, cross, inplace=True)
         # The decoder works on a batch of sessions, a token at a time: float16 weights, rows
         # computed on their own (`half_weights.py`). proj_out shares its weight with the token
         # embedding; only the projection gets them. Without the kernel, float32 stays.
