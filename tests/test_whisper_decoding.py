@@ -142,27 +142,26 @@ def test_voxrt_serve_takes_the_cpu_weights_that_suit_this_cpu(base_runner):
     from voxtral.loading import load_model, served_cpu_weights
 
     assert load_model(None, "cpu").runner.model.cpu_weights == served_cpu_weights()
-    assert load_model(None, "cpu", "float32").runner.model.cpu_weights is None
+    float32 = load_model(None, "cpu", "float32").runner.model
+    assert float32.cpu_weights is None and isinstance(float32.model.proj_out, torch.nn.Linear)
     # The multilingual base keeps its encoder float32 (voxtral/whisper/model.py).
     assert base_runner.model.cpu_weights is None and base_runner.model.encoder_dtype == torch.float32
     assert base_runner.spec.precision == "float32"
 
 
-def test_bfloat16_encoder_states_are_nearer_float32_than_int8s(whisper_float32, welcome):
+def test_bfloat16_encoder_states_are_nearer_float32_than_int8s(whisper_float32, whisper_model, welcome):
     """bfloat16 rounds only the products' inputs, int8 each activation to one of 256 steps
     (voxtral/whisper/bfloat16.py): on real speech its states stray less from float32's."""
     from voxtral.whisper.model import WhisperModel
 
     window = features(welcome[0], 1300)
     exact = whisper_float32.encode(window)
+    bfloat16 = WhisperModel(whisper_float32.path, torch.device("cpu"), torch.float32, "bfloat16")
 
-    def strays(weights: str) -> float:
-        states = WhisperModel(whisper_float32.path, torch.device("cpu"), torch.float32, weights).encode(
-            window
-        )
-        return float((states - exact).norm() / exact.norm())
+    def strays(model: WhisperModel) -> float:
+        return float((model.encode(window) - exact).norm() / exact.norm())
 
-    assert 0 < strays("bfloat16") < strays("int8")
+    assert 0 < strays(bfloat16) < strays(whisper_model)
 
 
 def test_a_row_saying_again_a_run_of_its_own_stops_and_loses_the_segment_it_began_in():

@@ -78,7 +78,6 @@ class WhisperModel:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.device, self.dtype = device, dtype
         self.cpu_weights: str | None = None  # what the window's layers got; None: `dtype`
-        self.encoder_dtype = dtype  # the encoder's; its states are returned as `dtype`
         dims = self.model.dims
         self.n_mels = dims.n_mels
         self.max_frames = dims.audio_positions * 2
@@ -162,7 +161,6 @@ class WhisperModel:
             self.cpu_weights = kind
             if kind == "bfloat16":
                 self.model.encoder.to(torch.bfloat16)
-                self.encoder_dtype = torch.bfloat16
                 for layer in self.model.decoder.layers:
                     attention = layer.encoder_attn
                     attention.k_proj = BFloat16Linear(attention.k_proj)
@@ -186,6 +184,11 @@ class WhisperModel:
         if half_weights.available():
             half_weights.half_weights(self.model.decoder)
             self.model.proj_out = half_weights.half_weights(self.model.proj_out)
+
+    @property
+    def encoder_dtype(self) -> torch.dtype:
+        """The encoder's; its states are returned as `dtype`."""
+        return torch.bfloat16 if self.cpu_weights == "bfloat16" else self.dtype
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor) -> torch.Tensor:
