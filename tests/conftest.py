@@ -60,10 +60,18 @@ def whisper_dir():
 
 @pytest.fixture(scope="session")
 def whisper_model(whisper_dir):
-    """tiny.en as `voxrt serve` loads it on the CPU: int8 (voxtral/loading.py)."""
+    """tiny.en as `voxrt serve` loads it on a CPU without AMX tiles: int8 (voxtral/loading.py)."""
     from voxtral.whisper.model import WhisperModel
 
     return WhisperModel(whisper_dir, torch.device("cpu"), torch.float32, "int8")
+
+
+@pytest.fixture(scope="session")
+def whisper_bfloat16(whisper_dir):
+    """tiny.en as `voxrt serve` loads it on a CPU with AMX tiles (emulated, slower, elsewhere)."""
+    from voxtral.whisper.model import WhisperModel
+
+    return WhisperModel(whisper_dir, torch.device("cpu"), torch.float32, "bfloat16")
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ from transformers.modeling_outputs import BaseModelOutput
 from benchmarks.reference import transformers_whisper
 from benchmarks.text import word_error_rate
 from voxtral.audio import normalize_log_mel, raw_log_mel
-from voxtral.whisper.bfloat16 import BFloat16Linear
 from voxtral.whisper.decoder import pad_states
 from voxtral.whisper.half_weights import HalfWeightLinear
 from voxtral.whisper.loop_guard import LoopGuard
@@ -45,7 +44,7 @@ def text_ids(whisper_model, text: str) -> list[int]:
     return whisper_model.tokenizer.encode(text, add_special_tokens=False).ids
 
 
-@pytest.mark.parametrize("model", ["whisper_model", "whisper_float32"])
+@pytest.mark.parametrize("model", ["whisper_model", "whisper_bfloat16", "whisper_float32"])
 def test_batched_decoding_with_forced_prefixes_is_batch_invariant(model, welcome, request):
     whisper_model = request.getfixturevalue(model)
     samples, _ = welcome
@@ -59,7 +58,7 @@ def test_batched_decoding_with_forced_prefixes_is_batch_invariant(model, welcome
         assert abs(a.avg_logprob - b.avg_logprob) < 1e-3
 
 
-@pytest.mark.parametrize("model", ["whisper_model", "whisper_float32"])
+@pytest.mark.parametrize("model", ["whisper_model", "whisper_bfloat16", "whisper_float32"])
 def test_windows_of_different_lengths_decoded_together_read_only_their_own_frames(model, welcome, request):
     whisper_model = request.getfixturevalue(model)
     samples, _ = welcome
@@ -125,7 +124,7 @@ def test_cpu_weights_transcribe_as_the_float32_model(whisper_float32, welcome, w
         assert isinstance(encoder_fc1, torch.ao.nn.quantized.dynamic.Linear)
         assert isinstance(cross_keys, torch.ao.nn.quantized.dynamic.Linear)
     else:
-        assert encoder_fc1.weight.dtype == torch.bfloat16 and isinstance(cross_keys, BFloat16Linear)
+        assert encoder_fc1.weight.dtype == cross_keys.weight.dtype == fast.steps.cross_dtype == torch.bfloat16
     samples, _ = welcome
     # Whole sentences: a word cut at a window's end is a coin toss for either model.
     batch = torch.cat([features(samples, 1300), features(samples[48000:], 1300)])
@@ -149,19 +148,18 @@ def test_voxrt_serve_takes_the_cpu_weights_that_suit_this_cpu(base_runner):
     assert base_runner.spec.precision == "float32"
 
 
-def test_bfloat16_encoder_states_are_nearer_float32_than_int8s(whisper_float32, whisper_model, welcome):
+def test_bfloat16_encoder_states_are_nearer_float32_than_int8s(
+    whisper_float32, whisper_model, whisper_bfloat16, welcome
+):
     """bfloat16 rounds only the products' inputs, int8 each activation to one of 256 steps
     (voxtral/whisper/bfloat16.py): on real speech its states stray less from float32's."""
-    from voxtral.whisper.model import WhisperModel
-
     window = features(welcome[0], 1300)
     exact = whisper_float32.encode(window)
-    bfloat16 = WhisperModel(whisper_float32.path, torch.device("cpu"), torch.float32, "bfloat16")
 
-    def strays(model: WhisperModel) -> float:
+    def strays(model) -> float:
         return float((model.encode(window) - exact).norm() / exact.norm())
 
-    assert 0 < strays(bfloat16) < strays(whisper_model)
+    assert 0 < strays(whisper_bfloat16) < strays(whisper_model)
 
 
 def test_a_row_saying_again_a_run_of_its_own_stops_and_loses_the_segment_it_began_in():

@@ -28,7 +28,7 @@ class DecoderCache:
     """One batch's keys and values: cross-attention's, fixed, and self-attention's, grown."""
 
     cross: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (batch, heads, frames, head_dim)
-    aligning: dict[int, torch.Tensor]  # the alignment heads' cross keys, by layer
+    aligning: dict[int, torch.Tensor]  # the alignment heads' cross keys, by layer, in float32
     cross_mask: torch.Tensor | None  # (batch, 1, 1, frames): a row's padding frames at the dtype's lowest
     keys: list[torch.Tensor]  # per layer: (batch, heads, capacity, head_dim)
     values: list[torch.Tensor]
@@ -37,8 +37,13 @@ class DecoderCache:
 
 
 class StepDecoder:
-    def __init__(self, decoder: Decoder, alignment_heads: list[list[int]]) -> None:
+    def __init__(self, decoder: Decoder, alignment_heads: list[list[int]], cross_dtype: torch.dtype) -> None:
+        """`cross_dtype`: the cross-attention's keys and values, and the products that make and
+        read them (its keys' and values' projections must take it). A token's pass reads every
+        one of a window's keys and values, so in bfloat16 (where the CPU multiplies it in
+        hardware: `bfloat16.py`) it reads half the bytes."""
         self.decoder = decoder
+        self.cross_dtype = cross_dtype
         first = decoder.layers[0].self_attn
         self.num_heads, self.head_dim = first.num_heads, first.head_dim
         self.heads_by_layer: dict[int, list[int]] = {}
@@ -49,7 +54,8 @@ class StepDecoder:
         """A cache for `capacity` tokens per row; row i reads its first `lengths[i]` states (None: all)."""
         batch, frames, _ = encoder_states.shape
         device = encoder_states.device
-        windows = [encoder_states[row, :n] for row, n in enumerate(lengths or [frames] * batch)]
+        states = encoder_states.to(self.cross_dtype)
+        windows = [states[row, :n] for row, n in enumerate(lengths or [frames] * batch)]
         cross = [
             (
                 self._project(layer.encoder_attn, layer.encoder_attn.k_proj, windows, frames),
@@ -57,11 +63,11 @@ class StepDecoder:
             )
             for layer in self.decoder.layers
         ]
-        aligning = {layer: cross[layer][0][:, heads] for layer, heads in self.heads_by_layer.items()}
+        aligning = {layer: cross[layer][0][:, heads].float() for layer, heads in self.heads_by_layer.items()}
         cross_mask = None
         if lengths is not None and any(n != frames for n in lengths):
             outside = torch.arange(frames, device=device) >= torch.tensor(lengths, device=device)[:, None]
-            cross_mask = self._lowest(outside, encoder_states.dtype)[:, None, None, :]
+            cross_mask = self._lowest(outside, self.cross_dtype)[:, None, None, :]
         shape = (batch, self.num_heads, capacity, self.head_dim)
         keys, values = ([encoder_states.new_zeros(shape) for _ in cross] for _ in range(2))
         padding = torch.zeros((batch, capacity), dtype=torch.bool, device=device)
@@ -125,11 +131,12 @@ class StepDecoder:
             x = layer.encoder_attn_layer_norm(hidden)
             query = attention.heads(attention.q_proj(x) * attention.scaling)
             keys, values = cache.cross[index]
-            out = scaled_dot_product_attention(query, keys, values, cache.cross_mask, scale=1.0)
-            hidden = hidden + attention.out_proj(out.transpose(1, 2).flatten(2))
+            read = query.to(keys.dtype)
+            out = scaled_dot_product_attention(read, keys, values, cache.cross_mask, scale=1.0)
+            hidden = hidden + attention.out_proj(out.to(hidden.dtype).transpose(1, 2).flatten(2))
             if index in cache.aligning:
                 heads = self.heads_by_layer[index]
-                scores = (query[:, heads] @ cache.aligning[index].transpose(-1, -2)).float()
+                scores = query[:, heads].float() @ cache.aligning[index].transpose(-1, -2)
                 if cache.cross_mask is not None:
                     scores = scores + cache.cross_mask.float()
                 weights.append(torch.softmax(scores, dim=-1))

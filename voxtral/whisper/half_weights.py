@@ -53,8 +53,9 @@ class HalfWeightLinear(nn.Module):
 
 
 def half_weights(module: nn.Module) -> nn.Module:
-    """Every `nn.Linear` in `module` (or `module` itself) made a `HalfWeightLinear`, in place."""
-    if isinstance(module, nn.Linear):
+    """Every float32 `nn.Linear` in `module` (or `module` itself) made a `HalfWeightLinear`, in
+    place; those given another dtype keep it."""
+    if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32:
         return HalfWeightLinear(module)
     for name, child in module.named_children():
         setattr(module, name, half_weights(child))

@@ -13,7 +13,6 @@ from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
 from voxtral.errors import WeightsError
 from voxtral.whisper import half_weights
-from voxtral.whisper.bfloat16 import BFloat16Linear
 from voxtral.whisper.decoder import StepDecoder
 from voxtral.whisper.greedy import GreedyRow
 from voxtral.whisper.layers import load_whisper, read_json
@@ -109,9 +108,9 @@ class WhisperModel:
         self.task_ids = {task: self.tokenizer.token_to_id(f"<|{task}|>") for task in TASKS}
         if not generation.get("alignment_heads"):
             raise WeightsError(f"{path / 'generation_config.json'} lists no alignment_heads")
-        self.steps = StepDecoder(self.model.decoder, generation["alignment_heads"])
         if cpu_weights is not None:
             self._cpu_weights(cpu_weights)
+        self.steps = StepDecoder(self.model.decoder, generation["alignment_heads"], self.encoder_dtype)
 
     def _language_ids(self) -> dict[str, int]:
         """Language tokens follow <|startoftranscript|>: <|en|>, <|zh|>, ... up to <|translate|>."""
@@ -162,9 +161,8 @@ class WhisperModel:
             if kind == "bfloat16":
                 self.model.encoder.to(torch.bfloat16)
                 for layer in self.model.decoder.layers:
-                    attention = layer.encoder_attn
-                    attention.k_proj = BFloat16Linear(attention.k_proj)
-                    attention.v_proj = BFloat16Linear(attention.v_proj)
+                    layer.encoder_attn.k_proj.to(torch.bfloat16)
+                    layer.encoder_attn.v_proj.to(torch.bfloat16)
             else:
                 config = {nn.Linear: per_channel_dynamic_qconfig}
                 with (
