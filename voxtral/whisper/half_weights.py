@@ -47,7 +47,8 @@ class HalfWeightLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         count = rows.shape[0]
-        rows = nn.functional.pad(rows, (0, 0, 0, -count % ROWS_PER_CALL))  # zero rows
+        if count % ROWS_PER_CALL:  # padded with zero rows, a copy that only AVX2's kernels need
+            rows = nn.functional.pad(rows, (0, 0, 0, -count % ROWS_PER_CALL))
         out = torch.fbgemm_linear_fp16_weight_fp32_activation(rows, self.packed, self.bias)[:count]
         return out.view(*x.shape[:-1], self.out_features)
 

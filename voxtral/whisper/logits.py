@@ -3,13 +3,22 @@
 Each rule masks, in place, the tokens a row may not choose next, given what the row holds
 so far (forced and generated tokens, timestamps included); transformers' logits
 processors are the model. `WhisperModel.decode` applies `whisper_rules` to every step.
+
+A row is a whole vocabulary, and every token a row decodes passes through these: masks are
+added (0 or -inf, which leaves every other score as it was, bit for bit), because torch's
+masked fill on a CPU walks such a row one element at a time, and its additions do not.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+
+def forbidding(tokens: torch.Tensor) -> torch.Tensor:
+    """For a mask of tokens (bool), what to add to scores to forbid them: -inf there, else 0."""
+    return torch.zeros(tokens.shape, device=tokens.device).masked_fill(tokens, -torch.inf)
 
 
 class LogitsRule(Protocol):
@@ -23,10 +32,15 @@ class SuppressAtStart:
     """A row's first token is never one of these (a blank, end of text): Whisper's begin suppression."""
 
     tokens: torch.Tensor  # (vocabulary,) bool
+    forbid: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.forbid = forbidding(self.tokens)
 
     def __call__(self, scores: torch.Tensor, held: Sequence[list[int]]) -> None:
-        starting = torch.tensor([not tokens for tokens in held], device=scores.device)
-        scores.masked_fill_(starting[:, None] & self.tokens, -torch.inf)
+        for row, tokens in enumerate(held):
+            if not tokens:
+                scores[row] += self.forbid
 
 
 @dataclass
@@ -34,9 +48,13 @@ class Suppress:
     """Tokens never chosen: the model's suppressed ones, and <|notimestamps|>."""
 
     tokens: torch.Tensor  # (vocabulary,) bool
+    forbid: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.forbid = forbidding(self.tokens)
 
     def __call__(self, scores: torch.Tensor, held: Sequence[list[int]]) -> None:
-        scores.masked_fill_(self.tokens, -torch.inf)
+        scores += self.forbid
 
 
 @dataclass
@@ -69,8 +87,8 @@ class TimestampRules:
                 scores[row, tb:floor] = -torch.inf
         logprobs = torch.log_softmax(scores.float(), dim=-1)
         timestamp_logprob = logprobs[:, tb:].logsumexp(dim=-1)
-        text_logprob = logprobs[:, :tb].max(dim=-1).values
-        scores[:, :tb].masked_fill_((timestamp_logprob > text_logprob).unsqueeze(-1), -torch.inf)
+        text_logprob = logprobs[:, :tb].amax(dim=-1)
+        scores[:, :tb] += forbidding(timestamp_logprob > text_logprob)[:, None]
 
 
 def apply(rules: Sequence[LogitsRule], scores: torch.Tensor, held: Sequence[list[int]]) -> None:

@@ -293,7 +293,7 @@ class WhisperModel:
         vocabulary), masked in place by Whisper's rules; the choices."""
         apply(self.rules, scores, [rows[i].tokens for i in which])
         logprobs = torch.log_softmax(scores, dim=-1)
-        chosen = scores.argmax(dim=-1)
+        chosen = scores.max(dim=-1).indices  # argmax's choice, the first of a tie, in fewer steps on a CPU
         chosen_logprob = logprobs.gather(1, chosen[:, None])[:, 0].tolist()
         tokens = chosen.tolist()
         for j, i in enumerate(which):
