@@ -28,33 +28,27 @@ class LogitsRule(Protocol):
 
 
 @dataclass
-class SuppressAtStart:
-    """A row's first token is never one of these (a blank, end of text): Whisper's begin suppression."""
-
-    tokens: torch.Tensor  # (vocabulary,) bool
-    forbid: torch.Tensor = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.forbid = forbidding(self.tokens)
-
-    def __call__(self, scores: torch.Tensor, held: Sequence[list[int]]) -> None:
-        for row, tokens in enumerate(held):
-            if not tokens:
-                scores[row] += self.forbid
-
-
-@dataclass
 class Suppress:
     """Tokens never chosen: the model's suppressed ones, and <|notimestamps|>."""
 
     tokens: torch.Tensor  # (vocabulary,) bool
-    forbid: torch.Tensor = field(init=False)
+    forbid: torch.Tensor = field(init=False)  # added to a row's scores: -inf on `tokens`, else 0
 
     def __post_init__(self) -> None:
         self.forbid = forbidding(self.tokens)
 
     def __call__(self, scores: torch.Tensor, held: Sequence[list[int]]) -> None:
         scores += self.forbid
+
+
+@dataclass
+class SuppressAtStart(Suppress):
+    """A row's first token is never one of these (a blank, end of text): Whisper's begin suppression."""
+
+    def __call__(self, scores: torch.Tensor, held: Sequence[list[int]]) -> None:
+        for row, tokens in enumerate(held):
+            if not tokens:
+                scores[row] += self.forbid
 
 
 @dataclass
