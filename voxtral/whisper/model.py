@@ -158,30 +158,32 @@ class WhisperModel:
         # The multilingual base keeps these float32: its German streamed lost words to either.
         if not self.multilingual:
             self.cpu_weights = kind
-            if kind == "bfloat16":
-                self.model.encoder.to(torch.bfloat16)
-                for layer in self.model.decoder.layers:
-                    layer.encoder_attn.k_proj.to(torch.bfloat16)
-                    layer.encoder_attn.v_proj.to(torch.bfloat16)
-            else:
-                config = {nn.Linear: per_channel_dynamic_qconfig}
-                with (
-                    warnings.catch_warnings()
-                ):  # torch.ao's eager API is deprecated for torchao, which is not a dependency
-                    warnings.simplefilter("ignore")
-                    # The encoder encodes one window at a time: the activations' one scale is the
-                    # window's. So do the decoder's projections of a window's states into
-                    # cross-attention keys and values (`StepDecoder.start`), its largest products.
-                    quantize_dynamic(self.model.encoder, config, inplace=True)
-                    cross = {"k_proj": per_channel_dynamic_qconfig, "v_proj": per_channel_dynamic_qconfig}
-                    for layer in self.model.decoder.layers:
-                        quantize_dynamic(layer.encoder_attn, cross, inplace=True)
+            self._window_weights(kind)
         # The decoder works on a batch of sessions, a token at a time: float16 weights, rows
-        # computed on their own (`half_weights.py`). proj_out shares its weight with the token
-        # embedding; only the projection gets them. Without the kernel, float32 stays.
+        # computed on their own (`half_weights.py`); the window's layers, made above, are not
+        # float32 linears and keep theirs. proj_out shares its weight with the token embedding;
+        # only the projection gets them. Without the kernel, float32 stays.
         if half_weights.available():
             half_weights.half_weights(self.model.decoder)
             self.model.proj_out = half_weights.half_weights(self.model.proj_out)
+
+    def _window_weights(self, kind: str) -> None:
+        """The layers that read a whole window, the encoder and the decoder's projections of its
+        states into cross-attention keys and values (`StepDecoder.start`), in `kind`."""
+        if kind == "bfloat16":
+            self.model.encoder.to(torch.bfloat16)
+            for layer in self.model.decoder.layers:
+                layer.encoder_attn.k_proj.to(torch.bfloat16)
+                layer.encoder_attn.v_proj.to(torch.bfloat16)
+            return
+        # The encoder encodes one window at a time, and the projections project one window's
+        # states at a time: the activations' one scale is the window's.
+        cross = {"k_proj": per_channel_dynamic_qconfig, "v_proj": per_channel_dynamic_qconfig}
+        with warnings.catch_warnings():  # torch.ao's eager API is deprecated for torchao, not a dependency
+            warnings.simplefilter("ignore")
+            quantize_dynamic(self.model.encoder, {nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+            for layer in self.model.decoder.layers:
+                quantize_dynamic(layer.encoder_attn, cross, inplace=True)
 
     @property
     def encoder_dtype(self) -> torch.dtype:
