@@ -24,7 +24,7 @@ def test_two_lanes_say_what_one_batch_of_the_same_windows_says(whisper_model):
         for name, (start, stop) in SESSIONS.items()
     }
     lanes = WhisperRunner(whisper_model, lanes=2)
-    assert lanes.policy.max_windows_per_step == 1  # a window per lane and step
+    per_step = 2 * lanes.policy.max_windows_per_step  # windows a step decodes on the two lanes
     threads: set[str] = set()
     decode_lane = lanes.decoder.decode_lane
 
@@ -33,7 +33,7 @@ def test_two_lanes_say_what_one_batch_of_the_same_windows_says(whisper_model):
         return decode_lane(windows)
 
     lanes.decoder.decode_lane = recorded
-    batched = WhisperRunner(whisper_model, WhisperPolicy(max_windows_per_step=2))
+    batched = WhisperRunner(whisper_model, WhisperPolicy(max_windows_per_step=per_step))
     by_lanes = stream_through_engine(Engine(lanes), audios)
     by_batch = stream_through_engine(Engine(batched), audios)
     for name in audios:
@@ -46,3 +46,27 @@ def test_two_lanes_say_what_one_batch_of_the_same_windows_says(whisper_model):
 def texts(event: object) -> tuple:
     """An event, without the latency its own clock measured."""
     return (type(event).__name__, getattr(event, "text", None))
+
+
+def test_a_step_decodes_no_more_windows_than_its_room_turns_that_ended_among_them(whisper_model):
+    """A turn that ended takes room in the step as a window going on does, so a lane's share
+    of a step, and the wait of the words that end a turn, stay bounded however many sessions
+    are due. Only turns that ended may fill a step past its room: they never wait."""
+    sessions = {**SESSIONS, "two_cities_later": (14, 30)}
+    audios = {
+        name: recording(name.removesuffix("_later")).audio[start * SAMPLE_RATE : stop * SAMPLE_RATE]
+        for name, (start, stop) in sessions.items()
+    }
+    runner = WhisperRunner(whisper_model)
+    room = runner.policy.max_windows_per_step * runner.spec.lanes
+    steps: list[list[bool]] = []  # per decode, whether each window commits a turn whole
+    decode = runner.decoder.decode
+
+    def recorded(windows):
+        steps.append([w.commit_all for w in windows])
+        return decode(windows)
+
+    runner.decoder.decode = recorded
+    stream_through_engine(Engine(runner), audios)
+    assert all(len(s) <= room or all(s) for s in steps), steps
+    assert any(len(s) == room and any(s) and not all(s) for s in steps), "ended turns shared a full step"

@@ -27,16 +27,18 @@ class WindowDecoder:
         self.pool = ThreadPoolExecutor(lanes, thread_name_prefix="voxrt-lane") if lanes > 1 else None
 
     def full_window_cost(self, seconds: float) -> float:
-        """Seconds the decode of a full window (`seconds` long) takes on this machine, timed on
-        dummy ones: one on every lane at once, as a loaded step decodes them (the lanes share
-        the GIL and the memory bus; one alone ran faster than each of two together, and
-        admission seated sessions that were shed once their windows had grown)."""
+        """A lane's seconds per full window (`seconds` long) in a loaded step on this machine,
+        timed on dummy ones: a step's share on every lane at once, each lane's decoded
+        together, as a loaded step decodes them (the lanes share the GIL and the memory bus;
+        one alone ran faster than each of two together, and admission seated sessions that
+        were shed once their windows had grown)."""
         p = self.policy
         window = round(seconds * POSITIONS_PER_SECOND)
         frames = p.encoder_frames(window, POSITIONS_PER_SECOND, self.model.max_frames)
+        rows = p.max_windows_per_step
 
         def decode() -> None:
-            self.model.profile(frames, p.full_window_read_tokens, p.full_window_generated_tokens)
+            self.model.profile(frames, p.full_window_read_tokens, p.full_window_generated_tokens, rows)
 
         timings = []
         for _ in range(2):  # the first also sets the kernels up
@@ -47,7 +49,7 @@ class WindowDecoder:
                 for lane in [self.pool.submit(decode) for _ in range(self.lanes)]:
                     lane.result()
             timings.append(time.perf_counter() - started)
-        return min(timings)
+        return min(timings) / rows
 
     def decode(self, windows: list[Window]) -> list[Hypothesis | Exception | None]:
         """Each window's hypothesis (None: silence, or its language still unknown), the windows

@@ -328,13 +328,15 @@ class WhisperModel:
         return accepted
 
     @torch.inference_mode()
-    def profile(self, frames: int, read: int, generated: int) -> None:
-        """A dummy decode's work (vLLM's profile run): the encoder over `frames` mel frames of
-        silence, the decoder over `read` tokens in one pass, then `generated` one at a time."""
-        states = self.encode(torch.zeros(1, self.n_mels, frames))
+    def profile(self, frames: int, read: int, generated: int, rows: int) -> None:
+        """A dummy decode's work (vLLM's profile run) for `rows` windows decoded together: the
+        encoder over `frames` mel frames of silence for each, the decoder over `read` tokens a
+        row in one pass, then `generated` one at a time."""
+        silence = torch.zeros(1, self.n_mels, frames)
+        states = torch.cat([self.encode(silence) for _ in range(rows)])  # each window alone, as served
         cache = self.steps.start(states, None, read + generated)
-        ids = torch.full((1, read), self.eot, dtype=torch.long, device=self.device)
-        positions = torch.arange(read, device=self.device)[None]
+        ids = torch.full((rows, read), self.eot, dtype=torch.long, device=self.device)
+        positions = torch.arange(read, device=self.device).expand(rows, read)
         padding = torch.zeros_like(ids, dtype=torch.bool)
         for _ in range(generated):
             hidden, _ = self.steps(cache, ids, positions, padding)

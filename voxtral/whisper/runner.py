@@ -170,19 +170,22 @@ class WhisperRunner:
                 self._upload_step(request, state, end, final, updates[request.request_id], result)
         # The longest due first (a turn that ended takes no room: any place will do).
         due = sorted((d for d in step.values() if not d[0].priority), key=lambda d: self._due_since(*d[:3]))
-        going_on = 0  # windows of turns going on planned this step
+        # Windows planned this step. A turn that ended is always planned, and takes room as a
+        # window going on would: a lane's share of the step, and so the step's length, stays
+        # bounded, and the words of that turn's end wait for no more than it.
+        planned = 0
         # Rounds: a window that committed a turn whole, with more turns heard behind it, is
         # planned again on the same audio (only a faster-than-real-time client gets there).
         while due:
             windows = []
             for request, state, end, final in due:
                 try:
-                    room = going_on < self.policy.max_windows_per_step * self.spec.lanes
+                    room = planned < self.policy.max_windows_per_step * self.spec.lanes
                     update = updates[request.request_id]
                     turns = len(state.turns)
                     if (window := self._plan(request, state, end, final, room, update)) is not None:
                         windows.append(window)
-                        going_on += not window.commit_all
+                        planned += 1
                     else:
                         self._nothing_to_decode(request, state, final, result, turns)
                 except Exception as fault:
