@@ -168,7 +168,7 @@ class WhisperRunner:
         for request, state, end, final in step.values():
             if request.priority:
                 self._upload_step(request, state, end, final, updates[request.request_id], result)
-        # The longest due first (a turn that ended takes no room: any place will do).
+        # The longest due first; a turn that ended before any (it is never left for a later step).
         due = sorted((d for d in step.values() if not d[0].priority), key=lambda d: self._due_since(*d[:3]))
         # Windows planned this step. A turn that ended is always planned, and takes room as a
         # window going on would: a lane's share of the step, and so the step's length, stays
