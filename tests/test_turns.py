@@ -18,6 +18,8 @@ from tests.conftest import espeak
 from tests.engine_events import listen
 from tests.server_harness import ServerThread, append_event
 from voxtral.vad import FRAME, Vad, VadStream
+from voxtral.whisper.policy import WhisperPolicy
+from voxtral.whisper.runner import WhisperRunner
 
 LONG_SENTENCE = (
     "The first thing we need to decide is whether the new library should open in the spring "
@@ -98,11 +100,16 @@ def test_vad_is_one_batched_call_per_step_for_all_utterances(whisper_runner, tmp
     assert engine.stats().vad_calls == steps
 
 
+def one_window_a_step(whisper_model) -> WhisperRunner:
+    """One lane with room for one window a step: which window gets it is the order's to say."""
+    return WhisperRunner(whisper_model, WhisperPolicy(max_windows_per_step=1))
+
+
 def test_a_step_decodes_one_window_of_a_turn_going_on_and_the_others_wait_counted_behind(
-    whisper_runner, tmp_path
+    whisper_model, tmp_path
 ):
     speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
-    engine = Engine(whisper_runner)
+    engine = Engine(one_window_a_step(whisper_model))
     names = "abc"
     for name in names:
         engine.add_utterance(name)
@@ -149,11 +156,11 @@ def decoded_for_a_while(engine: Engine, name: str, audio: np.ndarray) -> None:
     assert engine.utterances[name].state.decoded_until * 160 > len(audio) - 8000
 
 
-def test_the_window_due_longest_goes_first_whenever_its_session_began(whisper_runner, tmp_path):
+def test_the_window_due_longest_goes_first_whenever_its_session_began(whisper_model, tmp_path):
     """Positions count from each session's start: a session that began earlier has the later
     due positions, and its window, due for longer, still goes first."""
     speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
-    engine = Engine(whisper_runner)  # one lane: a window of a turn going on per step
+    engine = Engine(one_window_a_step(whisper_model))
     decoded_for_a_while(engine, "older", speech[: 16000 * 3])
     engine.add_utterance("newer")
     engine.run_once()
@@ -163,12 +170,12 @@ def test_the_window_due_longest_goes_first_whenever_its_session_began(whisper_ru
     assert decoded_by_one_step(engine, ("older", "newer")) == ["older"]
 
 
-def test_a_client_faster_than_real_time_waits_behind_windows_due_before_it(whisper_runner, tmp_path):
+def test_a_client_faster_than_real_time_waits_behind_windows_due_before_it(whisper_model, tmp_path):
     """A client sending faster than real time has audio due as soon as its last decode began:
     the real-time session whose window fell due earlier goes first, however much audio the
     fast one holds."""
     speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
-    engine = Engine(whisper_runner)
+    engine = Engine(one_window_a_step(whisper_model))
     decoded_for_a_while(engine, "fast", speech[: 16000 * 4])
     engine.add_utterance("steady")
     engine.run_once()
