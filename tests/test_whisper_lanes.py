@@ -24,7 +24,7 @@ def test_two_lanes_say_what_one_batch_of_the_same_windows_says(whisper_model):
         for name, (start, stop) in SESSIONS.items()
     }
     lanes = WhisperRunner(whisper_model, lanes=2)
-    per_step = 2 * lanes.policy.max_windows_per_step  # windows a step decodes on the two lanes
+    per_step = lanes.spec.lanes * lanes.policy.max_windows_per_step  # windows a step decodes on the lanes
     threads: set[str] = set()
     decode_lane = lanes.decoder.decode_lane
 

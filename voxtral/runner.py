@@ -123,8 +123,8 @@ class ModelSpec:
     # per step (Whisper: the window's length when it is trimmed); 0: every decode does.
     full_window_seconds: float
     max_steps_in_flight: int  # 1: a step completes before the next one is scheduled
-    # Sessions a step computes at once, each on its own thread (Whisper on a CPU: its windows,
-    # one per core); 1: a step is one computation. Capacity counts a step's time once per lane.
+    # Shares of a step computed at once, each on its own thread (Whisper on a CPU: its windows,
+    # a lane per core); 1: a step is one computation. Capacity counts a step's time once per lane.
     lanes: int
     # Languages a session may ask for; None: the model hears it itself and ignores a request.
     languages: frozenset[str] | None

@@ -67,7 +67,7 @@ class Capacity:
         now: float,
         lanes: int = 1,
     ):
-        """`lanes`: sessions the runner computes at once, each on its own thread: a step period
+        """`lanes`: shares of a step the runner computes at once, each on its own thread: a step period
         holds that many periods of model time."""
         self.config = config
         self.lanes = lanes

@@ -17,10 +17,11 @@ from voxtral.whisper.stream import POSITIONS_PER_SECOND, Window
 
 class WindowDecoder:
     def __init__(self, model: WhisperModel, policy: WhisperPolicy, lanes: int) -> None:
-        """`lanes`: windows decoded at once, each alone on a thread of its own (on a CPU, one per
-        core, torch on one thread). A batch of windows on a CPU costs about what they cost one
-        by one, and torch's team of threads splitting each small product waits at every one
-        for its slowest thread: one a neighbour's process holds stalls them all."""
+        """`lanes`: shares of a step's windows decoded at once, each share in one batch on a
+        thread of its own (on a CPU, one per core, torch on one thread). Rows of a batch share
+        each token's read of the decoder's weights; torch's team of threads splitting each
+        small product instead waits at every one for its slowest thread: one a neighbour's
+        process holds stalls them all."""
         self.model = model
         self.policy = policy
         self.lanes = lanes
