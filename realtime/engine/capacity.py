@@ -2,8 +2,8 @@
 that leaves room for, and whether a new one fits.
 
 A family steps each session at least once per `step_period_seconds` (Whisper re-decodes
-a window every 1.5 s at full load, every 0.5 s below it; Voxtral Realtime computes a
-position per 80 ms): a batch of sessions keeps up while its step fits in that period. Whisper steps back to
+a window each second at full load; Voxtral Realtime computes a position per 80 ms): a
+batch of sessions keeps up while its step fits in that period. Whisper steps back to
 back when it has room (the model's busy share of wall time is high at one session), so
 the cost is read per step, not from the busy share, which is reported as a figure.
 

@@ -82,7 +82,7 @@ class WhisperPolicy:
     chunk_seconds: float = 0.1  # an item's audio: a decode reads what arrived to within this
     update_seconds: float = 0.5  # a turn going on is re-decoded once this much new audio came
     max_windows_per_step: int = 2  # per lane: windows decoded together in a step
-    step_period_seconds: float = 1.5  # at full load each window is re-decoded this often
+    step_period_seconds: float = 1.0  # at full load each window is re-decoded this often
     min_decode_seconds: float = 0.5  # a turn's first decode (interim text) after this much
     min_commit_seconds: float = 1.0  # a turn's words are committed after this much of it
     detect_language_seconds: float = 2.0  # no language named: each guess after this much more
