@@ -1,8 +1,9 @@
-"""Windows shared out among lanes (each decoded alone, on a thread of its own) say what the same
-windows decoded together in one batch say: the lanes change when text comes, not what."""
+"""Windows shared out among lanes (each lane's share in one batch, on a thread of its own) say what
+the same windows decoded together in one batch say: the lanes change when text comes, not what."""
 
 import threading
 
+import numpy as np
 import pytest
 
 from benchmarks.real_speech import recording
@@ -18,11 +19,16 @@ pytestmark = pytest.mark.untimed
 SESSIONS = {"beckett": (0, 10), "two_cities": (0, 14), "endgame_nagg_nell": (4, 18)}  # seconds of each
 
 
-def test_two_lanes_say_what_one_batch_of_the_same_windows_says(whisper_model):
-    audios = {
-        name: recording(name).audio[start * SAMPLE_RATE : stop * SAMPLE_RATE]
-        for name, (start, stop) in SESSIONS.items()
+def session_audios(sessions: dict[str, tuple[int, int]]) -> dict[str, np.ndarray]:
+    """Each session's seconds of its recording; a name ending "_later" reads its recording again."""
+    return {
+        name: recording(name.removesuffix("_later")).audio[start * SAMPLE_RATE : stop * SAMPLE_RATE]
+        for name, (start, stop) in sessions.items()
     }
+
+
+def test_two_lanes_say_what_one_batch_of_the_same_windows_says(whisper_model):
+    audios = session_audios(SESSIONS)
     lanes = WhisperRunner(whisper_model, lanes=2)
     per_step = lanes.spec.lanes * lanes.policy.max_windows_per_step  # windows a step decodes on the lanes
     threads: set[str] = set()
@@ -52,11 +58,7 @@ def test_a_step_decodes_no_more_windows_than_its_room_turns_that_ended_among_the
     """A turn that ended takes room in the step as a window going on does, so a lane's share
     of a step, and the wait of the words that end a turn, stay bounded however many sessions
     are due. Only turns that ended may fill a step past its room: they never wait."""
-    sessions = {**SESSIONS, "two_cities_later": (14, 30)}
-    audios = {
-        name: recording(name.removesuffix("_later")).audio[start * SAMPLE_RATE : stop * SAMPLE_RATE]
-        for name, (start, stop) in sessions.items()
-    }
+    audios = session_audios({**SESSIONS, "two_cities_later": (14, 30)})
     runner = WhisperRunner(whisper_model)
     room = runner.policy.max_windows_per_step * runner.spec.lanes
     steps: list[list[bool]] = []  # per decode, whether each window commits a turn whole
