@@ -171,6 +171,11 @@ class ModelRunner(Protocol[State]):
         """The VAD heard speech start (or stop, after enough silence) at `position`."""
         ...
 
+    def pause(self, state: State, position: int | None) -> None:
+        """In a turn going on the VAD hears silence since `position`, too short yet to end the
+        turn (None: no silence now)."""
+        ...
+
     def release(self, state: State) -> None:
         """Free the utterance's device state once every submitted step is done with it."""
         ...

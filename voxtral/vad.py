@@ -72,6 +72,10 @@ class VadStream:
         heard = np.concatenate([self.context, self.unread[: n * FRAME]])
         return sliding_window_view(heard, CONTEXT + FRAME)[::FRAME]
 
+    def pause_ms(self) -> int | None:
+        """While a turn goes on: where the silence heard now began (ms), too short yet to end it."""
+        return self.silence_from * FRAME_MS if self.speaking and self.silence_from is not None else None
+
     def end_turn(self, audio_ms: int) -> Turn | None:
         """The input ended at `audio_ms`: a turn still going on ends there."""
         if not self.speaking:

@@ -149,12 +149,18 @@ class Utterances(dict[str, Utterance]):
         if utterance.request.input_finished and (last := utterance.vad.end_turn(ended_at)):
             turns.append(last)
         for turn in turns:
-            sample = self.runner.spec.leading_silence_samples + turn.audio_ms * SAMPLE_RATE // 1000
-            self.runner.turn(utterance.state, turn.speaking, sample // self.runner.spec.samples_per_position)
+            self.runner.turn(utterance.state, turn.speaking, self._position(turn.audio_ms))
             self.emit(
                 utterance.id,
                 SpeechStarted(turn.audio_ms) if turn.speaking else SpeechStopped(turn.audio_ms),
             )
+        pause = utterance.vad.pause_ms()
+        self.runner.pause(utterance.state, None if pause is None else self._position(pause))
+
+    def _position(self, audio_ms: int) -> int:
+        """The position of the client's audio `audio_ms` in."""
+        sample = self.runner.spec.leading_silence_samples + audio_ms * SAMPLE_RATE // 1000
+        return sample // self.runner.spec.samples_per_position
 
     @contextmanager
     def walled(self, utterance: Utterance) -> Iterator[None]:

@@ -140,6 +140,9 @@ class VoxtralRunner:
         if not speaking:
             state.turn_stops.append(position)
 
+    def pause(self, state: VoxtralStream, position: int | None) -> None:
+        """Every position is decoded as it comes, silence or not."""
+
     def _ends_turn(self, state: VoxtralStream, sampled: int) -> bool:
         """Whether the token sampled at position `sampled` is its turn's last."""
         if not state.turn_stops or sampled < state.turn_stops[0] + self.model.num_delay_tokens - 1:

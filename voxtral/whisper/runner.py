@@ -106,6 +106,7 @@ class WhisperRunner:
         return self.decoder.full_window_cost(self.spec.full_window_seconds)
 
     def turn(self, state: WhisperStream, speaking: bool, position: int) -> None:
+        state.pause_from = None
         if not speaking:
             if state.turns:
                 state.turns[-1].stop = position
@@ -118,6 +119,9 @@ class WhisperRunner:
                 decoding.silence_until = position
         state.turns.append(Speech(position))
 
+    def pause(self, state: WhisperStream, position: int | None) -> None:
+        state.pause_from = position
+
     def _due_from(self, state: WhisperStream) -> int | None:
         """Where the audio of a turn going on is enough for its next decode: heard long enough
         (to detect its language, if unknown), and `update_seconds` past the last decode."""
@@ -128,7 +132,12 @@ class WhisperRunner:
         if not state.language:  # its next guess at the language
             least = p.detect_language_seconds * (len(state.language_guesses) + 1)
         update = round(p.update_seconds * POSITIONS_PER_SECOND)
-        return max(state.turns[0].start + round(least * POSITIONS_PER_SECOND), state.decoded_until + update)
+        due = max(state.turns[0].start + round(least * POSITIONS_PER_SECOND), state.decoded_until + update)
+        if state.pause_from is not None and due > state.pause_from:
+            # A decode falling due in a pause waits for the tail a turn's end reads: if the
+            # pause ends the turn, this decode heard its end (`_heard_through`).
+            due = max(due, state.pause_from + round(p.endpoint_tail_seconds * POSITIONS_PER_SECOND))
+        return due
 
     def _due_since(self, request: Request, state: WhisperStream, end: int) -> float:
         """When, on the server's clock, the decode of a turn going on fell due: the audio that made
@@ -185,12 +194,14 @@ class WhisperRunner:
                     turns = len(state.turns)
                     if (window := self._plan(request, state, end, final, room, update)) is not None:
                         windows.append(window)
-                        planned += 1
+                        planned += window.hypothesis is None
                     else:
                         self._nothing_to_decode(request, state, final, result, turns)
                 except Exception as fault:
                     result.failed[request.request_id] = fault
-            for window, hyp in zip(windows, self.decoder.decode(windows), strict=True):
+            decoded = iter(self.decoder.decode([w for w in windows if w.hypothesis is None]))
+            for window in windows:
+                hyp = next(decoded) if window.hypothesis is None else window.hypothesis
                 self._deliver(window, hyp, result)
             due = [
                 step[w.request.request_id]
@@ -266,10 +277,27 @@ class WhisperRunner:
         except Exception as fault:
             result.failed[request_id] = fault
             return
-        output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
+        state = window.state
+        if window.hypothesis is None:  # decoded now, not an earlier decode committed whole
+            output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
         output.window_seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
+        # What a turn going on said, from where its window still starts, may stand for the
+        # decode of its end (`_plan`); an upload's end is decoded as a file is.
+        kept = not window.commit_all and hyp is not None and state.window_start == window.start
+        state.last_decode = replace(window, hypothesis=hyp) if kept and not window.request.priority else None
         if output.text or output.finished or output.num_tokens or output.turn_ended:
             result.add(request_id, output)
+
+    def _heard_through(self, state: WhisperStream, end: int) -> Window | None:
+        """The last decode of the turn that just ended, if it read the window as it starts now
+        through `end` (the turn's end and its tail) and none of the turn after it: committed
+        whole, it says what a decode of the same audio would, at no cost."""
+        last = state.last_decode
+        if last is None or last.end < end or last.start != state.window_start:
+            return None
+        if state.turns and state.turns[0].start < last.end:
+            return None
+        return last
 
     def _plan(
         self, request: Request, state: WhisperStream, end: int, final: bool, room: bool, update: RequestUpdate
@@ -300,6 +328,10 @@ class WhisperRunner:
                 update.waiting_from = longest
             else:
                 state.turns.popleft()
+                if (heard := self._heard_through(state, end)) is not None:
+                    return replace(
+                        heard, update=update, final=final and not state.turns, commit_all=True, detected=False
+                    )
         elif end < self._due_from(state):
             return None
         elif not room:

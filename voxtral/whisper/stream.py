@@ -8,6 +8,7 @@ import torch
 
 from scheduler import AudioItem, Request, RequestUpdate
 from voxtral.audio import HOP, SAMPLE_RATE
+from voxtral.whisper.model import Hypothesis
 from voxtral.whisper.policy import WindowCommitter
 
 POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
@@ -38,6 +39,7 @@ class WhisperStream:
     # real time can be several turns ahead of the positions a step decodes.
     turns: deque[Speech] = field(default_factory=deque)
     heard_until: int = 0  # where the last turn's window ended
+    pause_from: int | None = None  # where the silence heard now in a turn going on began
     decoded_until: int = 0  # the end of the last window decoded
     decoded_at: float = -math.inf  # when its decode began (`time.monotonic()`)
     language: str | None = None  # None until a multilingual model decides it
@@ -47,6 +49,9 @@ class WhisperStream:
     previous: list[int] = field(default_factory=list)  # the client's prompt, as tokens before each window
     word_times: bool = False  # its committed words come timed (asked for, or for their speakers)
     words_end: float = 0.0  # where the last timed word committed ends (seconds): the next start after it
+    # The last decode of a turn going on, from where the window still starts, and what it
+    # said: a turn's end that it heard through commits that whole (`WhisperRunner._plan`).
+    last_decode: "Window | None" = None
 
 
 @dataclass
@@ -64,13 +69,19 @@ class Window:
     # Its encoder states and decoder prompt, kept when its utterance asked for word times.
     encoded: torch.Tensor | None = None
     prompt: list[int] = field(default_factory=list)
+    hypothesis: Hypothesis | None = None  # what an earlier decode of this audio said: none is due
+
+    @property
+    def start(self) -> int:
+        """The position where the window starts."""
+        return self.end - self.raw.shape[1]
 
     @property
     def start_seconds(self) -> float:
         """Where the window starts on the utterance's audio."""
-        return (self.end - self.raw.shape[1]) / POSITIONS_PER_SECOND
+        return self.start / POSITIONS_PER_SECOND
 
     def arrived_at(self, seconds: float) -> float:
         """When the audio `seconds` into the window reached the server."""
-        position = self.end - self.raw.shape[1] + round(seconds * POSITIONS_PER_SECOND) - 1
+        position = self.start + round(seconds * POSITIONS_PER_SECOND) - 1
         return next((i.arrived_at for i in self.items if i.end > position), self.items[-1].arrived_at)
