@@ -91,4 +91,7 @@ def test_the_image_serves_and_transcribes(container):
     demo = inside(container, "voxrt", "demo", timeout=600)
     assert demo.returncode == 0, demo.stderr
     print(demo.stdout.strip())
-    assert "weather" in demo.stdout.lower()
+    final = next(line for line in demo.stdout.splitlines() if line.startswith("final:"))
+    # As the stream above is held: beside the suite, on cores it shares, the server's windows
+    # end elsewhere, and tiny.en then hears "talk about the weather" as "talk them out whenever".
+    assert word_error_rate((SAMPLES / "welcome.txt").read_text(), final.removeprefix("final:")) <= 0.1, final
