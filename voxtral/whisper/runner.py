@@ -106,7 +106,6 @@ class WhisperRunner:
         return self.decoder.full_window_cost(self.spec.full_window_seconds)
 
     def turn(self, state: WhisperStream, speaking: bool, position: int) -> None:
-        state.pause_from = None
         if not speaking:
             if state.turns:
                 state.turns[-1].stop = position
@@ -277,14 +276,13 @@ class WhisperRunner:
         except Exception as fault:
             result.failed[request_id] = fault
             return
-        state = window.state
         if window.hypothesis is None:  # decoded now, not an earlier decode committed whole
             output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
         output.window_seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
-        # What a turn going on said, from where its window still starts, may stand for the
-        # decode of its end (`_plan`); an upload's end is decoded as a file is.
-        kept = not window.commit_all and hyp is not None and state.window_start == window.start
-        state.last_decode = replace(window, hypothesis=hyp) if kept and not window.request.priority else None
+        # What a turn going on said may stand for the decode of its end (`_heard_through`);
+        # an upload's end is decoded as a file is.
+        kept = not window.commit_all and hyp is not None and not window.request.priority
+        window.state.last_decode = replace(window, hypothesis=hyp) if kept else None
         if output.text or output.finished or output.num_tokens or output.turn_ended:
             result.add(request_id, output)
 

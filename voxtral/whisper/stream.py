@@ -49,8 +49,8 @@ class WhisperStream:
     previous: list[int] = field(default_factory=list)  # the client's prompt, as tokens before each window
     word_times: bool = False  # its committed words come timed (asked for, or for their speakers)
     words_end: float = 0.0  # where the last timed word committed ends (seconds): the next start after it
-    # The last decode of a turn going on, from where the window still starts, and what it
-    # said: a turn's end that it heard through commits that whole (`WhisperRunner._plan`).
+    # The last decode of a turn going on, and what it said: a turn's end that it heard
+    # through, from where the window still starts, commits that whole (`WhisperRunner._plan`).
     last_decode: "Window | None" = None
 
 
