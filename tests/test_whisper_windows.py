@@ -4,11 +4,14 @@ once lost whole clauses (the benchmark's voices, `benchmarks/speech.py`)."""
 import numpy as np
 import pytest
 
+from benchmarks.real_speech import PAUSE_SECONDS, recording
 from benchmarks.speech import passage, synthesize
 from benchmarks.text import normalize_words
+from clients.audio import distinct_audio
 from realtime.engine.events import Done
 from realtime.engine.loop import Engine
 from tests.test_turns import stream_stepped
+from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.policy import WhisperPolicy
 from voxtral.whisper.runner import WhisperRunner
 
@@ -51,3 +54,17 @@ def test_a_decoder_that_stops_before_the_audio_does_not_lose_what_follows(whispe
     audio = passage(whisper_model, 4).audio[30 * 16000 : 52 * 16000]
     words = streamed_words(WhisperRunner(whisper_model), audio)
     assert words.endswith("better lights let us start with the budget"), words
+
+
+@pytest.mark.slow
+def test_a_new_turn_not_yet_heard_keeps_the_turn_before_in_its_window(whisper_model):
+    """The first 16 s of the served benchmark's first session (`benchmarks/real_speech.py`: its
+    pause before the recording, its faint noise), in 0.1 s steps. After "the age of
+    foolishness." and a pause, the first decode of the next turn had not heard its first words
+    yet, and text ending a second before the audio read as a stalled decoder: the window was
+    trimmed past the turn before it, and the new turn, decoded without that context, came out
+    "It was the epoch of the leaf"."""
+    pause = np.zeros(int(np.random.default_rng(0).uniform(*PAUSE_SECONDS) * SAMPLE_RATE), np.float32)
+    audio = np.concatenate([pause, recording("two_cities").audio])[: 16 * SAMPLE_RATE]
+    words = streamed_words(WhisperRunner(whisper_model), distinct_audio(audio, 0))
+    assert "it was the epoch of belief" in words, words

@@ -59,8 +59,11 @@ def commit_window(
     seconds = length / POSITIONS_PER_SECOND
     # The text stops well before the audio though the turn goes on: the decoder stalled at a
     # segment's end, and so would every later decode forced the same words. Trim past them.
+    # Only the turn's own speech counts: a new turn whose first words are not heard yet, after
+    # a pause, has not stalled, and trimmed there it would be decoded without the turn before.
     last = hyp.segments[-1].end if hyp is not None else None
-    stalled = last is not None and not window.commit_all and seconds - last >= p.stall_seconds
+    unheard = min(seconds - last, window.speech_seconds) if last is not None else 0.0
+    stalled = not window.commit_all and unheard >= p.stall_seconds
     trim_before = 0.0  # committed segments ending before this may leave the window
     if stalled:
         trim_before = seconds
