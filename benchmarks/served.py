@@ -44,6 +44,7 @@ from voxtral.audio import SAMPLE_RATE
 
 ARRIVAL_SECONDS = 0.5
 KEPT_UP_SECONDS = 1.0
+SESSION_SECONDS = 40.0  # of each session's passage, unless `--seconds` says otherwise
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--build", action="append", required=True, help="NAME=DIR or NAME=DIR|FLAGS")
     parser.add_argument("--arrivals", default="1,4,8,16")
-    parser.add_argument("--seconds", type=float, default=40.0, help="of each session's passage")
+    parser.add_argument("--seconds", type=float, default=SESSION_SECONDS, help="of each session's passage")
     parser.add_argument("--neighbour", type=float, default=0.0, help="seconds the neighbour burns the cores")
     parser.add_argument("--neighbour-at", type=float, default=15.0)
     args = parser.parse_args()

@@ -2,7 +2,9 @@
 
 Each `benchmarks/speech.py` passage (long sentences, several voices, pauses, noise), or with
 `--speech real` each recording of `benchmarks/real_speech.py` (scored against its reference
-text where one is kept, else the same model's offline text of it), at each
+text where one is kept, else the same model's offline text of it), or with `--speech served`
+the first `--passages` sessions of `benchmarks/served.py` (the recordings in each session's own
+order, pauses and faint noise, cut as it cuts them), at each
 start offset (that much silence before it: where windows end moves tiny.en's WER by points),
 streams alone through the engine with no real-time pacing, one step per `--step` seconds of
 audio (a real-time session's window is decoded about once per 0.5 s alone, and once per 1.2 s
@@ -11,7 +13,7 @@ loads it on a CPU, transcribes it offline too. Prints one JSON line: the mean WE
 as Whisper's evaluations score English and verbatim (`benchmarks/text.py`), and a digest of the
 streamed texts.
 
-    .venv/bin/python -m benchmarks.streaming_wer [--speech real] [--passages 6] [--offsets 0,0.25]
+    .venv/bin/python -m benchmarks.streaming_wer [--speech real|served] [--passages 6] [--offsets 0,0.25]
         [--step 0.7]
 """
 
@@ -23,7 +25,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from benchmarks.real_speech import REFERENCES, recording
+from benchmarks.real_speech import REFERENCES, real_passages, recording
+from benchmarks.served import SESSION_SECONDS, cut
 from benchmarks.speech import passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
@@ -68,10 +71,14 @@ def streamed(
 def clips(
     speech: str, timing: WhisperModel, model: WhisperModel, count: int
 ) -> dict[str, tuple[np.ndarray, str]]:
-    """name -> (audio, reference): synthetic passages with their text, or the real recordings
-    with their reference text where one is kept, else the model's offline text of them."""
+    """name -> (audio, reference): synthetic passages with their text, the served benchmark's
+    sessions or the real recordings, with their reference text where one is kept, else the
+    model's offline text of them."""
     if speech == "synthetic":
         return {str(i): (p.audio, p.text) for i in range(count) for p in [passage(timing, i)]}
+    if speech == "served":
+        sessions = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], count)
+        return {str(i): (p.audio, p.text) for i, s in enumerate(sessions) for p in [cut(s, SESSION_SECONDS)]}
     out = {}
     for name in REFERENCES:
         r = recording(name)
@@ -81,7 +88,7 @@ def clips(
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--speech", choices=("synthetic", "real"), default="synthetic")
+    parser.add_argument("--speech", choices=("synthetic", "real", "served"), default="synthetic")
     parser.add_argument("--passages", type=int, default=6, help="synthetic passages")
     parser.add_argument("--offsets", default="0,0.25", help="seconds of silence before each passage")
     parser.add_argument("--step", type=float, default=0.7, help="seconds of audio per engine step")
