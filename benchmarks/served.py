@@ -6,7 +6,8 @@ Each build is a checkout with its own virtual environment (`git worktree add DIR
 (`tests/server_harness.ServerProcess`) with default flags and any given. For each number of
 arrivals, each build in turn gets a fresh server and the same
 sessions: each streams its own passage of the real recordings (`benchmarks/real_speech.py`:
-its own order, pauses and faint noise), cut to `--seconds`, in 100 ms chunks paced like a
+its own order, pauses and faint noise), or with `--speech synthetic` its own passage of
+synthetic voices (`benchmarks/speech.py`), cut to `--seconds`, in 100 ms chunks paced like a
 microphone, arriving `ARRIVAL_SECONDS` apart, from a client process of their own; a refused
 session does not retry. `--neighbour S` starts, `--neighbour-at` seconds into the run, one
 process per core that burns it for S seconds: a noisy neighbour on a shared node.
@@ -17,10 +18,12 @@ audio it was sent (user + system, model load excluded); per word, from its end i
 (tiny.en's forced alignment) to when it appeared and stayed, committed p50/p95 and shown
 (committed + interim) p95; the latest word; the longest time any session went without an
 event, and with a neighbour the longest any session still going waited for its next event
-once the neighbour left; WER against the served model's offline words.
+once the neighbour left; WER against each passage's text (for a recording without a kept
+reference, the served model's offline words).
 
     .venv/bin/python -m benchmarks.served --build base=/work/base --build this=. \
         [--build 'this-2t=.|--threads 2'] [--arrivals 1,4,8,16] [--seconds 40] [--neighbour 6]
+        [--speech real|synthetic]
 """
 
 import argparse
@@ -35,7 +38,7 @@ from pathlib import Path
 
 from benchmarks.client_process import ClientProcess, Refused
 from benchmarks.real_speech import real_passages
-from benchmarks.speech import Passage, tiny_en_models
+from benchmarks.speech import Passage, passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer
 from benchmarks.whisper_streaming import offline_texts, percentile, snapshots, word_latencies
 from clients.connection import Utterance
@@ -169,11 +172,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=SESSION_SECONDS, help="of each session's passage")
     parser.add_argument("--neighbour", type=float, default=0.0, help="seconds the neighbour burns the cores")
     parser.add_argument("--neighbour-at", type=float, default=15.0)
+    parser.add_argument("--speech", choices=("real", "synthetic"), default="real")
     args = parser.parse_args()
     builds = [Build.parse(spec) for spec in args.build]
     counts = [int(n) for n in args.arrivals.split(",")]
     model, timing = tiny_en_models()
-    passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], max(counts))
+    if args.speech == "real":
+        passages = real_passages(timing, lambda audio: offline_texts(model, [audio])[0], max(counts))
+    else:
+        passages = [passage(timing, index) for index in range(max(counts))]
     everyone = [cut(p, args.seconds) for p in passages]
     rows = []
     with ClientProcess() as clients:
@@ -182,7 +189,12 @@ def main() -> None:
             order = builds if round_ % 2 == 0 else builds[::-1]
             for build in order:
                 rows.append(run(build, everyone[:count], clients, args.neighbour, args.neighbour_at))
-    settings = {"seconds": args.seconds, "neighbour": args.neighbour, "neighbour_at": args.neighbour_at}
+    settings = {
+        "speech": args.speech,
+        "seconds": args.seconds,
+        "neighbour": args.neighbour,
+        "neighbour_at": args.neighbour_at,
+    }
     builds_out = {
         b.name: {"root": str(b.root), "flags": b.flags, "env": b.env, "commit": commit(b.root)}
         for b in builds
