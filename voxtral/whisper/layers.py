@@ -121,7 +121,9 @@ class Encoder(nn.Module):
         """States for (batch, n_mels, frames), frames even. Windows shorter than 30 s take the
         first `frames / 2` positions of the learned table, which is what a shorter context means."""
         x = gelu(self.conv1(features))
-        x = gelu(self.conv2(x)).permute(0, 2, 1)
+        # Laid out row by row once: left permuted, every later sum and layer norm walked the
+        # states across their strides and every linear layer copied its input first.
+        x = gelu(self.conv2(x)).permute(0, 2, 1).contiguous()
         x = x + self.embed_positions.weight[: x.shape[1]]
         for layer in self.layers:
             x = layer(x)
