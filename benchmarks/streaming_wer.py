@@ -89,7 +89,7 @@ def clips(
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--speech", choices=("synthetic", "real", "served"), default="synthetic")
-    parser.add_argument("--passages", type=int, default=6, help="synthetic passages")
+    parser.add_argument("--passages", type=int, default=6, help="synthetic passages, or served sessions")
     parser.add_argument("--offsets", default="0,0.25", help="seconds of silence before each passage")
     parser.add_argument("--step", type=float, default=0.7, help="seconds of audio per engine step")
     parser.add_argument("--cpu-weights", choices=CPU_WEIGHTS, help="(default: as `voxrt serve` on this CPU)")
