@@ -17,8 +17,8 @@ text within `KEPT_UP_SECONDS` of the audio's end); the server's CPU seconds per 
 audio it was sent (user + system, model load excluded); per word, from its end in the audio
 (tiny.en's forced alignment) to when it appeared and stayed, committed p50/p95 and shown
 (committed + interim) p95; the latest word; the longest time any session went without an
-event, and with a neighbour the longest any session still going waited for its next event
-once the neighbour left; WER against each passage's text (for a recording without a kept
+event, and with a neighbour how long after it left every word spoken by then was on screen
+(the longest of the sessions still going); WER against each passage's text (for a recording without a kept
 reference, the served model's offline words).
 
     .venv/bin/python -m benchmarks.served --build base=/work/base --build this=. \
@@ -40,7 +40,7 @@ from benchmarks.client_process import ClientProcess, Refused
 from benchmarks.real_speech import real_passages
 from benchmarks.speech import Passage, passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer
-from benchmarks.whisper_streaming import offline_texts, percentile, snapshots, word_latencies
+from benchmarks.whisper_streaming import offline_texts, percentile, snapshots, stable_since, word_latencies
 from clients.connection import Utterance
 from tests.server_harness import ServerProcess
 from voxtral.audio import SAMPLE_RATE
@@ -102,16 +102,22 @@ def longest_silence(utterance: Utterance) -> float:
     return max((b - a for a, b in itertools.pairwise(event_times(utterance))), default=0.0)
 
 
-def resumed(utterance: Utterance, at: float) -> float | None:
-    """Seconds from `at` (`time.monotonic()`, any process's) to its first event after it;
-    None if it was done by then."""
-    later = [t for t in event_times(utterance) if utterance.started_at + t > at]
-    return later[0] + utterance.started_at - at if later else None
+def caught_up(p: Passage, utterance: Utterance, at: float) -> float | None:
+    """Seconds from `at` (`time.monotonic()`, any process's) until every word of `p` spoken by
+    then was shown to stay (0 if all were by `at`); None if the utterance was done by then.
+    Words spoken later are not waited for: a turn starting just after `at` has its first
+    word's latency, as any turn does. A word never shown (heard as another) is not waited for."""
+    heard = at - utterance.started_at
+    if utterance.done_at is not None and utterance.done_at <= heard:
+        return None
+    _, shown_at = snapshots(utterance.deltas, utterance.interims)
+    shown = stable_since(p.words, shown_at)
+    return max([0.0, *(t - heard for j, t in shown.items() if p.word_ends[j] <= heard)])
 
 
-def resumed_after(seated: list[tuple[Passage, Utterance]], burst_ended: list[float]) -> list[float]:
-    """For each session still going when the neighbour left, the wait for its next event."""
-    waits = [resumed(result, at) for _, result in seated for at in burst_ended]
+def caught_up_after(seated: list[tuple[Passage, Utterance]], burst_ended: list[float]) -> list[float]:
+    """For each session still going when the neighbour left, how long its words took to catch up."""
+    waits = [caught_up(p, result, at) for p, result in seated for at in burst_ended]
     return [w for w in waits if w is not None]
 
 
@@ -157,7 +163,7 @@ def run(build: Build, passages: list[Passage], clients: ClientProcess, burst: fl
         "shown_p95_s": percentile(shown, 95),
         "latest_word_s": round(max(committed), 2) if committed else None,
         "longest_silence_s": round(max(longest_silence(r) for _, r in seated), 2) if seated else None,
-        "resumed_s": round(max(waits), 2) if (waits := resumed_after(seated, burst_ended)) else None,
+        "caught_up_s": round(max(waits), 2) if (waits := caught_up_after(seated, burst_ended)) else None,
         "wer": mean_wer(whisper_wer, [p.text for p, _ in seated], [r.text for _, r in seated])
         if seated
         else None,
