@@ -8,8 +8,10 @@ order, pauses and faint noise, cut as it cuts them), at each
 start offset (that much silence before it: where windows end moves tiny.en's WER by points),
 streams alone through the engine with no real-time pacing, one step per `--step` seconds of
 audio (a real-time session's window is decoded about once per 0.5 s alone, and once per 1.2 s
-at 4 sessions, where a step decodes one window of a turn going on); the same model, as `voxrt serve`
-loads it on a CPU, transcribes it offline too. Prints one JSON line: the mean WER of each, scored
+at 4 sessions, where a step decodes one window of a turn going on) on one torch thread, as
+`voxrt serve`'s lanes decode (a bfloat16 encoder's sums split over two threads round otherwise,
+and another text would be scored than the one served); the same model, as `voxrt serve` loads
+it on a CPU, transcribes it offline too. Prints one JSON line: the mean WER of each, scored
 as Whisper's evaluations score English and verbatim (`benchmarks/text.py`), and a digest of the
 streamed texts.
 
@@ -95,7 +97,7 @@ def main() -> None:
     parser.add_argument("--cpu-weights", choices=CPU_WEIGHTS, help="(default: as `voxrt serve` on this CPU)")
     args = parser.parse_args()
     configure_logging("warning")
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     model, timing = tiny_en_models(args.cpu_weights)
     step = round(args.step * SAMPLE_RATE)
     references, texts, offline = {}, {}, {}
