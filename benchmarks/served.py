@@ -18,8 +18,8 @@ audio it was sent (user + system, model load excluded); per word, from its end i
 (tiny.en's forced alignment) to when it appeared and stayed, committed p50/p95 and shown
 (committed + interim) p95; the latest word; the longest time any session went without an
 event, and with a neighbour how long after it left every word spoken by then was on screen
-(the longest of the sessions still going); WER against each passage's text (for a recording without a kept
-reference, the served model's offline words).
+(the longest of the sessions still going); WER against each passage's text (for a recording
+without a kept reference, the served model's offline words).
 
     .venv/bin/python -m benchmarks.served --build base=/work/base --build this=. \
         [--build 'this-2t=.|--threads 2'] [--arrivals 1,4,8,16] [--seconds 40] [--neighbour 6]
