@@ -102,23 +102,16 @@ def longest_silence(utterance: Utterance) -> float:
     return max((b - a for a, b in itertools.pairwise(event_times(utterance))), default=0.0)
 
 
-def caught_up(p: Passage, utterance: Utterance, at: float) -> float | None:
+def caught_up(p: Passage, utterance: Utterance, shown_at: list[tuple[float, str]], at: float) -> float | None:
     """Seconds from `at` (`time.monotonic()`, any process's) until every word of `p` spoken by
-    then was shown to stay (0 if all were by `at`); None if the utterance was done by then.
-    Words spoken later are not waited for: a turn starting just after `at` has its first
+    then was shown to stay in `shown_at` (0 if all were by `at`); None if the utterance was done
+    by then. Words spoken later are not waited for: a turn starting just after `at` has its first
     word's latency, as any turn does. A word never shown (heard as another) is not waited for."""
     heard = at - utterance.started_at
     if utterance.done_at is not None and utterance.done_at <= heard:
         return None
-    _, shown_at = snapshots(utterance.deltas, utterance.interims)
     shown = stable_since(p.words, shown_at)
     return max([0.0, *(t - heard for j, t in shown.items() if p.word_ends[j] <= heard)])
-
-
-def caught_up_after(seated: list[tuple[Passage, Utterance]], burst_ended: list[float]) -> list[float]:
-    """For each session still going when the neighbour left, how long its words took to catch up."""
-    waits = [caught_up(p, result, at) for p, result in seated for at in burst_ended]
-    return [w for w in waits if w is not None]
 
 
 def run(build: Build, passages: list[Passage], clients: ClientProcess, burst: float, burst_at: float) -> dict:
@@ -145,12 +138,14 @@ def run(build: Build, passages: list[Passage], clients: ClientProcess, burst: fl
         server.stop()
     results = [(p, a.result) for p, a in zip(passages, arrivals, strict=True)]
     seated = [(p, result) for p, result in results if not isinstance(result, Refused)]
-    committed, shown, lags = [], [], []
+    committed, shown, lags, waits = [], [], [], []
     for p, result in seated:
         committed_at, shown_at = snapshots(result.deltas, result.interims)
         committed += word_latencies(p, committed_at)
         shown += word_latencies(p, shown_at)
         lags.append((result.done_at or float("inf")) - len(p.audio) / SAMPLE_RATE)
+        # Each session still going when the neighbour left: how long its words took to catch up.
+        waits += [w for at in burst_ended if (w := caught_up(p, result, shown_at, at)) is not None]
     audio_seconds = sum(len(p.audio) for p, _ in seated) / SAMPLE_RATE
     return {
         "build": build.name,
@@ -163,7 +158,7 @@ def run(build: Build, passages: list[Passage], clients: ClientProcess, burst: fl
         "shown_p95_s": percentile(shown, 95),
         "latest_word_s": round(max(committed), 2) if committed else None,
         "longest_silence_s": round(max(longest_silence(r) for _, r in seated), 2) if seated else None,
-        "caught_up_s": round(max(waits), 2) if (waits := caught_up_after(seated, burst_ended)) else None,
+        "caught_up_s": round(max(waits), 2) if waits else None,
         "wer": mean_wer(whisper_wer, [p.text for p, _ in seated], [r.text for _, r in seated])
         if seated
         else None,
