@@ -48,6 +48,7 @@ class Recording:
         self.frames_per_read = max(1, min(round(rate * BLOCK_SECONDS), READ_SAMPLES // channels))
         self.resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
         self.ended = False
+        self.frames_read = 0
 
     def read(self) -> np.ndarray:
         """The next block; empty once the recording is over."""
@@ -57,7 +58,20 @@ class Recording:
             except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
                 raise _unreadable(exc) from exc
             self.ended = not len(block)
-            samples = self.resampler.resample_chunk(block.mean(axis=1), last=self.ended)
+            samples = self.resampler.resample_chunk(self._samples(block), last=self.ended)
             if len(samples):
                 return samples
         return np.zeros(0, np.float32)
+
+    def _samples(self, block: np.ndarray) -> np.ndarray:
+        """A block (frames, channels) read from a float file as the wires' 16-bit samples would
+        carry it: a value that is no number fails the upload (every window holding it would be
+        heard as no number, and its text as nothing), and one past full scale is clipped there
+        (far past it, a spectrum's powers overflow float32)."""
+        if not np.isfinite(block).all():
+            at = (self.frames_read + np.argwhere(~np.isfinite(block))[0, 0]) / self.file.samplerate
+            raise AudioFileError(
+                f"the recording holds a sample that is no number (NaN, infinity) {at:.2f} s in"
+            )
+        self.frames_read += len(block)
+        return np.clip(block, -1.0, 1.0).mean(axis=1)

@@ -135,6 +135,24 @@ def test_a_flac_at_44100_hz_in_stereo_reads_as_the_wav(served):
     assert word_error_rate(welcome_text(), got.text) <= 0.1, got.text
 
 
+def float_wav(samples: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    soundfile.write(out, samples, 16000, format="WAV", subtype="FLOAT")
+    return out.getvalue()
+
+
+def test_a_float_file_past_full_scale_is_heard_as_its_samples_clipped(served):
+    """The wires carry 16-bit samples, which end at full scale; a float file's samples may not.
+    Far past it, a spectrum's powers overflow and the text would be nothing: the file is heard
+    as the same file clipped at full scale (infinitely clipped speech still carries words)."""
+    loud = load_audio_file(WELCOME).astype(np.float32) * np.float32(1e30)
+    texts = [
+        sdk(served).audio.transcriptions.create(file=("loud.wav", float_wav(samples)), model="whisper-1").text
+        for samples in (loud, np.clip(loud, -1, 1))
+    ]
+    assert texts[0] == texts[1] and len(texts[0].split()) > 10, texts
+
+
 def broken_midway() -> bytes:
     """The welcome as FLAC, a stretch a third of the way in zeroed: its header and first seconds
     decode, then libsndfile loses sync."""
@@ -169,6 +187,11 @@ def test_bad_oversize_and_unserved_requests_get_openai_errors_and_the_wire_goes_
         with pytest.raises(openai.BadRequestError) as no_speech:
             client.audio.transcriptions.create(file=("slow.wav", slow.getvalue()), model="whisper-1")
         assert no_speech.value.code == "invalid_file" and "1 Hz" in no_speech.value.message
+        not_numbers = load_audio_file(WELCOME).astype(np.float32)
+        not_numbers[16000:16100] = np.nan
+        with pytest.raises(openai.BadRequestError) as nan:
+            client.audio.transcriptions.create(file=("nan.wav", float_wav(not_numbers)), model="whisper-1")
+        assert nan.value.code == "invalid_file" and "no number (NaN, infinity) 1.00 s in" in nan.value.message
         broken = ("broken.flac", broken_midway())
         with pytest.raises(openai.BadRequestError) as midway:
             client.audio.transcriptions.create(file=broken, model="whisper-1")
