@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 
 import structlog
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive
@@ -144,6 +145,8 @@ class Uploads:
             form = await paced.form(max_files=1, max_fields=32)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ProtocolError("invalid_request", f"the form cannot be read: {exc}") from None
+        except HTTPException as exc:  # starlette's answer to a form past its bounds, as plain text
+            raise ProtocolError("invalid_request", f"the form cannot be read: {exc.detail}") from None
         asked = file_api.parse(form, task, self.engine.runner.spec)
         check_model(self.model, asked.model, log)
         return asked

@@ -187,6 +187,10 @@ def test_bad_oversize_and_unserved_requests_get_openai_errors_and_the_wire_goes_
         with pytest.raises(openai.BadRequestError) as no_speech:
             client.audio.transcriptions.create(file=("slow.wav", slow.getvalue()), model="whisper-1")
         assert no_speech.value.code == "invalid_file" and "1 Hz" in no_speech.value.message
+        many = {f"field{i}": "1" for i in range(40)}  # starlette's bound is ours to answer, as OpenAI's
+        with pytest.raises(openai.BadRequestError) as form:
+            client.audio.transcriptions.create(file=("w.wav", b"RIFF"), model="whisper-1", extra_body=many)
+        assert form.value.code == "invalid_request" and "Too many fields" in form.value.message
         not_numbers = load_audio_file(WELCOME).astype(np.float32)
         not_numbers[16000:16100] = np.nan
         with pytest.raises(openai.BadRequestError) as nan:
