@@ -1,4 +1,5 @@
-"""The server: `/v1/realtime` (WebSocket), `/health`, `/metrics` and the page on one port, with
+"""The server: `/v1/realtime` (WebSocket), OpenAI's file API and model list, `/health`, `/metrics`
+and the page on one port, with
 a graceful drain. uvicorn serves the sockets, WebSockets through `websockets`' own protocol;
 starlette routes each request to a method here."""
 
@@ -7,6 +8,7 @@ import contextlib
 import hmac
 import json
 import signal
+import time
 import uuid
 from collections import Counter
 from http import HTTPStatus
@@ -30,7 +32,7 @@ from realtime.engine.loop import Engine
 from realtime.limits import client_address
 from realtime.metrics import Metrics
 from realtime.progress import EngineProgress
-from realtime.protocols import openai_wire
+from realtime.protocols import file_api, openai_wire
 from realtime.protocols import vllm as protocol
 from realtime.sockets import QuietUvicorn, deny, listening_socket, uvicorn_server
 from realtime.uploads import UploadRefused, Uploads
@@ -76,6 +78,7 @@ class RealtimeServer:
         self.watcher: asyncio.Task | None = None
         self.trimmer: asyncio.Task | None = None
         self.port: int | None = None
+        self.created = int(time.time())  # when its model was loaded, as OpenAI's model objects say
         self.app = Starlette(
             routes=[
                 Route("/health", self._health),
@@ -85,6 +88,8 @@ class RealtimeServer:
                 Route("/", self._page),
                 Route("/v1/audio/transcriptions", self._transcriptions, methods=["POST"]),
                 Route("/v1/audio/translations", self._translations, methods=["POST"]),
+                Route("/v1/models", self._models),
+                Route("/v1/models/{model:path}", self._models),
                 WebSocketRoute(REALTIME_PATH, self._realtime),
                 WebSocketRoute("/{path:path}", self._no_such_socket),
             ]
@@ -139,8 +144,7 @@ class RealtimeServer:
             "lag_seconds": round(self.admission.lag_seconds, 3),
             "utterances": stats.utterances,
         }
-        code = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
-        return Response(json.dumps(body) + "\n", code, media_type="application/json")
+        return _json(HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE, body)
 
     async def _metrics(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
@@ -150,6 +154,25 @@ class RealtimeServer:
 
     async def _no_such_socket(self, websocket: WebSocket) -> None:
         await deny(websocket, PlainTextResponse("not found\n", HTTPStatus.NOT_FOUND))
+
+    async def _models(self, request: Request) -> Response:
+        """OpenAI's model list and model, as vLLM's clients ask a server which model it runs
+        (`client.models.list().data[0].id`): the served model under each name a client may ask for
+        it by, its own name first."""
+        if not self._authorized(request.headers):
+            return _http_error(HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
+        names = [self.model.name, *sorted(self.model.names - {self.model.name})]
+        listed = {
+            name: {"id": name, "object": "model", "created": self.created, "owned_by": "voxrt"}
+            for name in names
+        }
+        if (wanted := request.path_params.get("model")) is None:
+            return _json(HTTPStatus.OK, {"object": "list", "data": list(listed.values())})
+        if wanted not in listed:
+            return _http_error(
+                HTTPStatus.NOT_FOUND, "model_not_found", f"the model {wanted[:200]!r} is not served here"
+            )
+        return _json(HTTPStatus.OK, listed[wanted])
 
     async def _transcriptions(self, request: Request) -> Response:
         return await self._upload(request, "transcribe")
@@ -334,6 +357,14 @@ class RealtimeServer:
             log.critical("server.engine_dead", action="exit 1 so that a supervisor restarts the process")
         await self.drain_and_stop()
         return 0 if self.engine.alive or stop.is_set() else 1
+
+
+def _json(status: HTTPStatus, body: dict) -> Response:
+    return Response(json.dumps(body) + "\n", status, media_type="application/json")
+
+
+def _http_error(status: HTTPStatus, code: str, message: str) -> Response:
+    return Response(file_api.error_body(code, message), status, media_type="application/json")
 
 
 def _wants_openai(request: HTTPConnection) -> bool:

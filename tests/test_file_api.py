@@ -126,6 +126,20 @@ def flac(samples: np.ndarray, rate: int = 16000) -> bytes:
     return out.getvalue()
 
 
+def test_the_model_list_names_the_served_model_and_what_it_names_is_transcribed(served):
+    """vLLM's clients ask a server which model it runs, `client.models.list().data[0].id`."""
+    client = sdk(served)
+    listed = client.models.list().data
+    assert listed[0].id == "whisper-tiny.en" and {m.id for m in listed} == {"whisper-tiny.en", "whisper"}
+    assert all(m.object == "model" and m.owned_by == "voxrt" and m.created > 0 for m in listed)
+    assert client.models.retrieve("whisper").id == "whisper"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o-transcribe")
+    assert missing.value.code == "model_not_found"
+    text = client.audio.transcriptions.create(file=("w.wav", WELCOME.read_bytes()), model=listed[0].id).text
+    assert word_error_rate(welcome_text(), text) <= 0.1
+
+
 def test_a_flac_at_44100_hz_in_stereo_reads_as_the_wav(served):
     samples = load_audio_file(WELCOME)
     stereo = soxr.resample(samples, 16000, 44100)
@@ -312,7 +326,10 @@ def test_keys_busy_and_a_client_gone_mid_stream(whisper_model, monkeypatch):
             openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).audio.transcriptions.create(
                 file=wav, model="whisper-1"
             )
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
         client = openai.OpenAI(base_url=base, api_key="sk-test", max_retries=0)
+        assert client.models.list().data
         first = client.audio.transcriptions.create(file=wav, model="whisper-1", stream=True)
         assert held.wait(30)  # the upload is in the engine, its steps held
         with pytest.raises(openai.RateLimitError) as busy:
