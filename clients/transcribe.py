@@ -71,20 +71,26 @@ def _post(url: str, path: Path, fields: dict[str, str], api_key: str | None):
                 time.sleep(float(retry))
                 continue
             try:
-                error = json.loads(exc.read())["error"]
-                message = f"{exc.code} {error['code']}: {error['message']}"
+                message = f"{exc.code} {_described(json.loads(exc.read())['error'])}"
             except (ValueError, KeyError, TypeError):
                 message = f"{exc.code} {exc.reason}"
             raise ServerError(message) from None
     raise AssertionError("unreachable")
 
 
+def _described(error: dict) -> str:
+    return f"{error['code']}: {error['message']}"
+
+
 def _streamed_text(response) -> Iterator[str]:
-    """The deltas of a `stream=true` response, as its server-sent events carry them."""
+    """The deltas of a `stream=true` response, as its server-sent events carry them; an error
+    event (the status was sent before the file failed, one that stops decoding midway) raises."""
     for line in response:
         if line.startswith(b"data: "):
             event = json.loads(line[6:])
-            if event["type"] == "transcript.text.delta":
+            if "error" in event:
+                raise ServerError(_described(event["error"]))
+            if event.get("type") == "transcript.text.delta":
                 yield event["delta"]
 
 
@@ -102,11 +108,13 @@ def transcribe(url: str, path: Path, args: argparse.Namespace, out) -> None:
             out.write(response.read().decode())
             return
         first = True
-        for delta in _streamed_text(response):
-            out.write(delta if first else " " + delta)
-            out.flush()
-            first = False
-        out.write("\n")
+        try:
+            for delta in _streamed_text(response):
+                out.write(delta if first else " " + delta)
+                out.flush()
+                first = False
+        finally:
+            out.write("\n")
 
 
 def run_files(url: str, args: argparse.Namespace) -> int:
@@ -119,26 +127,29 @@ def run_files(url: str, args: argparse.Namespace) -> int:
             return EXIT_USAGE
     seconds = sum(soundfile.info(str(p)).duration for p in paths)
     bar = tqdm(total=round(seconds), unit="s", desc="audio", disable=not sys.stderr.isatty(), file=sys.stderr)
+    status = EXIT_OK
     try:
         for path in paths:
             ext = "txt" if args.format == "text" else args.format
-            if args.output_dir:
-                target = Path(args.output_dir) / f"{path.stem}.{ext}"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with open(target, "w") as out:
-                    transcribe(url, path, args, out)
-            else:
-                transcribe(url, path, args, sys.stdout)
+            # A file the server refuses is named and the rest go on; the exit says one failed.
+            try:
+                if args.output_dir:
+                    target = Path(args.output_dir) / f"{path.stem}.{ext}"
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with open(target, "w") as out:
+                        transcribe(url, path, args, out)
+                else:
+                    transcribe(url, path, args, sys.stdout)
+            except ServerError as exc:
+                print(f"voxrt transcribe: {path}: {exc}", file=sys.stderr)
+                status = EXIT_SERVER_ERROR
             bar.update(round(soundfile.info(str(path)).duration))
-    except ServerError as exc:
-        print(f"voxrt transcribe: {exc}", file=sys.stderr)
-        return EXIT_SERVER_ERROR
     except OSError as exc:
         print(f"voxrt transcribe: cannot reach {url}: {exc}", file=sys.stderr)
         return EXIT_CONNECTION
     finally:
         bar.close()
-    return EXIT_OK
+    return status
 
 
 def run(args: argparse.Namespace) -> int:

@@ -358,6 +358,14 @@ def test_voxrt_transcribe_writes_text_and_captions_from_a_server(served, tmp_pat
     french = [*base, "--language", "fr", str(WELCOME)]
     refused = subprocess.run(french, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "unsupported_language" in refused.stderr
+    # A file the server fails as its text streams is named, and the next one is transcribed.
+    broken = tmp_path / "not_numbers.wav"
+    not_numbers = load_audio_file(WELCOME).astype(np.float32)
+    not_numbers[16000 * 3 :] = np.nan
+    broken.write_bytes(float_wav(not_numbers))
+    both = subprocess.run([*base, str(broken), str(WELCOME)], capture_output=True, text=True, timeout=120)
+    assert both.returncode == 1 and f"{broken}: invalid_file" in both.stderr and "no number" in both.stderr
+    assert word_error_rate(welcome_text(), both.stdout.splitlines()[-1]) <= 0.1, both.stdout
 
 
 @pytest.mark.slow
