@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import soundfile
 import srt
@@ -138,6 +139,10 @@ def test_stream_exit_codes(server, tmp_path):
     unreadable = voxrt("stream", str(bad), "--url", server.url)
     assert unreadable.returncode == 2 and "cannot read" in unreadable.stderr
     assert len(unreadable.stderr.strip().splitlines()) == 1
+    not_numbers = tmp_path / "not-numbers.wav"
+    soundfile.write(not_numbers, np.r_[np.zeros(16000, np.float32), np.nan], 16000, subtype="FLOAT")
+    nan = voxrt("stream", str(not_numbers), "--url", server.url)
+    assert nan.returncode == 2 and "no number (NaN, infinity) 1.00 s in" in nan.stderr, nan.stderr
     missing = voxrt("stream", str(tmp_path / "missing.wav"), "--url", server.url)
     assert missing.returncode == 2
     refused = voxrt("stream", WELCOME, "--url", "ws://127.0.0.1:9/v1/realtime")
