@@ -7,10 +7,12 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import soundfile
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
 from captions import render
@@ -105,16 +107,13 @@ class Display:
         print(f"\r\x1b[K[{'#' * bars:<20}] {self.db:5.0f} dB | {self.text[-60:]}{tail}", end="", flush=True)
 
 
-async def _file_source(path: str, queue: asyncio.Queue, stop: asyncio.Event) -> None:
-    samples = load_audio_file(path)
+async def _file_source(samples: np.ndarray, queue: asyncio.Queue, stop: asyncio.Event) -> None:
     started = time.monotonic()
     for offset in range(0, len(samples), CHUNK):
         if stop.is_set():
             break
         await queue.put(samples[offset : offset + CHUNK])
         await asyncio.sleep(max(0.0, started + (offset + CHUNK) / SAMPLE_RATE - time.monotonic()))
-    await queue.put(None)
-    stop.set()  # the file has ended as Ctrl-C would end the microphone
 
 
 async def _mic_source(sd, device: int | None, queue: asyncio.Queue, stop: asyncio.Event) -> None:
@@ -127,7 +126,16 @@ async def _mic_source(sd, device: int | None, queue: asyncio.Queue, stop: asynci
         samplerate=SAMPLE_RATE, channels=1, dtype="float32", blocksize=CHUNK, device=device, callback=callback
     ):
         await stop.wait()
-    await queue.put(None)
+
+
+async def _source(chunks: Awaitable[None], queue: asyncio.Queue, stop: asyncio.Event) -> None:
+    """A source's chunks, then None: the file's end, Ctrl-C and a source that fails (a device
+    that cannot open) end the session alike; the failure stays on the task, to be said."""
+    try:
+        await chunks
+    finally:
+        stop.set()
+        queue.put_nowait(None)
 
 
 @dataclass
@@ -193,15 +201,16 @@ async def _utterance(
         sender.cancel()
 
 
-async def _run(args: argparse.Namespace, sd) -> int:
+async def _run(args: argparse.Namespace, sd, samples: np.ndarray | None) -> int:
     display = Display()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
     queue: asyncio.Queue = asyncio.Queue()
-    if args.input_file:
-        source = asyncio.create_task(_file_source(args.input_file, queue, stop))
+    if samples is not None:
+        chunks = _file_source(samples, queue, stop)
     else:
-        source = asyncio.create_task(_mic_source(sd, args.device, queue, stop))
+        chunks = _mic_source(sd, args.device, queue, stop)
+    source = asyncio.create_task(_source(chunks, queue, stop))
     connection, status, transcript = None, EXIT_OK, Transcript()
     try:
         # One utterance until Ctrl-C; a server that drains ends it (1001), and the words
@@ -235,6 +244,10 @@ async def _run(args: argparse.Namespace, sd) -> int:
         source.cancel()
         if connection is not None:
             await connection.close()
+    if source.done() and not source.cancelled() and (failure := source.exception()) is not None:
+        hint = "--list-devices names the inputs; --input-file plays a file"
+        print(f"\nvoxrt mic: the audio input failed: {failure} ({hint})", file=sys.stderr)
+        status = EXIT_USAGE
     if args.save is not None:
         try:
             Path(args.save).write_text(
@@ -255,4 +268,11 @@ def run(args: argparse.Namespace) -> int:
     if args.list_devices:
         print(sd.query_devices())
         return EXIT_OK
-    return asyncio.run(_run(args, sd))
+    samples = None
+    if args.input_file:
+        try:
+            samples = load_audio_file(args.input_file)
+        except (OSError, soundfile.LibsndfileError, RuntimeError, ValueError) as exc:
+            print(f"voxrt mic: cannot read {args.input_file}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    return asyncio.run(_run(args, sd, samples))
