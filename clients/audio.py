@@ -9,13 +9,20 @@ import soxr
 SAMPLE_RATE = 16_000
 
 
+class UnreadableAudio(ValueError):
+    """A file that is no recording soundfile reads, or one holding a sample that is no number
+    (as PCM16 it would be any value at all): the message says which, and where."""
+
+
 def load_audio_file(path: str | Path, rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Any file soundfile reads, as float32 mono at `rate`; a float file holding a sample that is
-    no number raises ValueError (as PCM16 it would be any value at all)."""
-    samples, file_rate = sf.read(str(path), dtype="float32", always_2d=True)
+    """Any file soundfile reads, as float32 mono at `rate`."""
+    try:
+        samples, file_rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except (OSError, sf.LibsndfileError, RuntimeError, ValueError) as exc:
+        raise UnreadableAudio(f"cannot read {path}: {exc}") from exc
     if not np.isfinite(samples).all():
         at = np.argwhere(~np.isfinite(samples))[0, 0] / file_rate
-        raise ValueError(f"a sample that is no number (NaN, infinity) {at:.2f} s in")
+        raise UnreadableAudio(f"cannot read {path}: a sample that is no number (NaN, infinity) {at:.2f} s in")
     mono = samples.mean(axis=1)
     if file_rate != rate:
         mono = soxr.resample(mono, file_rate, rate)

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import soundfile
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
 from captions import render
-from clients.audio import SAMPLE_RATE, load_audio_file
+from clients.audio import SAMPLE_RATE, UnreadableAudio, load_audio_file
 from clients.connection import RETRY_SECONDS, ServerError, commit, reopened, send_audio, update_session
 from clients.stream import (
     DEFAULT_URL,
@@ -272,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     if args.input_file:
         try:
             samples = load_audio_file(args.input_file)
-        except (OSError, soundfile.LibsndfileError, RuntimeError, ValueError) as exc:
-            print(f"voxrt mic: cannot read {args.input_file}: {exc}", file=sys.stderr)
+        except UnreadableAudio as exc:
+            print(f"voxrt mic: {exc}", file=sys.stderr)
             return EXIT_USAGE
     return asyncio.run(_run(args, sd, samples))

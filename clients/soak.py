@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.protocol import State
 
-from clients.audio import distinct_audio, load_audio_file
+from clients.audio import UnreadableAudio, distinct_audio, load_audio_file
 from clients.connection import reopened, stream_utterance
 from clients.stream import DEFAULT_URL
 
@@ -168,9 +168,8 @@ def rss_growth_mb(samples: list[dict], warmup_until: float) -> float:
     return rss_slope_mb_per_hour(samples, warmup_until) * span_hours
 
 
-async def soak(args: argparse.Namespace) -> dict:
+async def soak(args: argparse.Namespace, audios: list[np.ndarray]) -> dict:
     http_bases = args.metrics or [args.url.replace("ws", "http", 1).split("/v1/")[0]]
-    audios = [load_audio_file(path) for path in args.audio]
     state = SoakState()
     samples: list[dict] = []
     started = time.monotonic()
@@ -286,7 +285,12 @@ def run(args: argparse.Namespace) -> int:
         print("voxrt soak: --sessions, --duration and --speed must be positive", file=sys.stderr)
         return 2
     try:
-        report = asyncio.run(soak(args))
+        audios = [load_audio_file(path) for path in args.audio]
+    except UnreadableAudio as exc:
+        print(f"voxrt soak: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = asyncio.run(soak(args, audios))
     except (OSError, ValueError) as exc:
         print(f"voxrt soak: cannot reach {args.url}: {exc}", file=sys.stderr)
         return 3

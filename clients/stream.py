@@ -6,11 +6,10 @@ import json
 import sys
 from collections.abc import Callable
 
-import soundfile
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
 from captions import FORMATS, render
-from clients.audio import load_audio_file
+from clients.audio import UnreadableAudio, load_audio_file
 from clients.connection import RETRY_SECONDS, ServerError, reopened, stream_utterance
 
 EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
@@ -143,6 +142,6 @@ def run(args: argparse.Namespace) -> int:
     for path in args.files:
         try:
             audios.append((path, load_audio_file(path)))
-        except (OSError, soundfile.LibsndfileError, RuntimeError, ValueError) as exc:
-            return _fail(EXIT_USAGE, f"cannot read {path}: {exc}")
+        except UnreadableAudio as exc:
+            return _fail(EXIT_USAGE, str(exc))
     return asyncio.run(_stream(args, audios))

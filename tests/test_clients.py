@@ -196,13 +196,14 @@ def test_mic_with_input_file_stops_cleanly_on_sigint(server, welcome, tmp_path):
     assert all(a.end_in_seconds <= b.start_in_seconds for a, b in itertools.pairwise(cues))
 
 
-def test_mic_says_why_an_input_it_cannot_read_or_open_ends_it(server, tmp_path):
+def test_mic_and_soak_say_why_an_input_they_cannot_read_or_open_ends_them(server, tmp_path):
     """A file that is no recording, and a device that cannot open (a machine without a
-    microphone): each ends `voxrt mic` with exit 2 and the reason, never a wait for audio."""
+    microphone): each ends the client with exit 2 and the reason, never a wait for audio."""
     bad = tmp_path / "not-audio.wav"
     bad.write_text("this is not audio")
-    unreadable = voxrt("mic", "--input-file", str(bad), "--url", server.url)
-    assert unreadable.returncode == 2 and f"cannot read {bad}" in unreadable.stderr
+    for client in (["mic", "--input-file", str(bad)], ["soak", "--audio", str(bad)]):
+        unreadable = voxrt(*client, "--url", server.url)
+        assert unreadable.returncode == 2 and f"cannot read {bad}" in unreadable.stderr, client
     no_device = voxrt("mic", "--device", "999", "--url", server.url)
     assert no_device.returncode == 2 and "the audio input failed" in no_device.stderr, no_device.stderr
 
