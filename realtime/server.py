@@ -1,7 +1,6 @@
 """The server: `/v1/realtime` (WebSocket), OpenAI's file API and model list, `/health`, `/metrics`
-and the page on one port, with
-a graceful drain. uvicorn serves the sockets, WebSockets through `websockets`' own protocol;
-starlette routes each request to a method here."""
+and the page on one port, with a graceful drain. uvicorn serves the sockets, WebSockets through
+`websockets`' own protocol; starlette routes each request to a method here."""
 
 import asyncio
 import contextlib
@@ -78,7 +77,7 @@ class RealtimeServer:
         self.watcher: asyncio.Task | None = None
         self.trimmer: asyncio.Task | None = None
         self.port: int | None = None
-        self.created = int(time.time())  # when its model was loaded, as OpenAI's model objects say
+        self.created = int(time.time())  # its model loaded by now: OpenAI's model objects say when
         self.app = Starlette(
             routes=[
                 Route("/health", self._health),
