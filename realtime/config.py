@@ -18,22 +18,28 @@ class ConfigError(ValueError):
 @dataclass(kw_only=True)
 class ServerConfig:
     host: str = field(default="127.0.0.1", metadata=setting("address to listen on"))
-    port: int = field(default=8000, metadata=setting("port to listen on (0: any free one)"))
+    port: int = field(
+        default=8000, metadata=setting("port to listen on (0: any free one)", least=0, most=65535)
+    )
     max_frame_bytes: int = field(
-        default=1 << 20, metadata=setting("a larger WebSocket frame closes with 1009")
+        default=1 << 20, metadata=setting("a larger WebSocket frame closes with 1009", least=1 << 10)
     )
     api_key: str | None = field(
         default=None, metadata=setting("the key every WebSocket upgrade and upload must carry")
     )
     max_upload_mb: int = field(
-        default=200, metadata=setting("a larger upload to /v1/audio/transcriptions is refused with 413")
+        default=200,
+        metadata=setting("a larger upload to /v1/audio/transcriptions is refused with 413", least=1),
     )
-    max_uploads: int = field(default=2, metadata=setting("uploads transcribed at once; more get 429"))
+    max_uploads: int = field(
+        default=2, metadata=setting("uploads transcribed at once; more get 429 (0: none)", least=0)
+    )
     drain_seconds: float = field(
-        default=10.0, metadata=setting("on SIGTERM, how long running utterances may take to finish")
+        default=10.0,
+        metadata=setting("on SIGTERM, how long running utterances may take to finish", least=0),
     )
     max_connections_per_ip: int = field(
-        default=0, metadata=setting("upgrades per client address (0: no limit)")
+        default=0, metadata=setting("upgrades per client address (0: no limit)", least=0)
     )
     trusted_proxies: list[Network] = field(
         default_factory=list,

@@ -11,17 +11,18 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 @dataclass(kw_only=True)
 class ConnectionLimits:
-    outbox_events: int = field(default=256, metadata=setting("server events queued per slow client"))
+    outbox_events: int = field(default=256, metadata=setting("server events queued per slow client", least=1))
     idle_seconds: float = field(
-        default=30.0, metadata=setting("close a connection without events (and owed no result)")
+        default=30.0, metadata=setting("close a connection without events (and owed no result)", least=1)
     )
     max_buffered_seconds: float = field(
-        default=30.0, metadata=setting("audio received, not yet consumed by the engine: reads pause past it")
+        default=30.0,
+        metadata=setting("audio received, not yet consumed by the engine: reads pause past it", least=1),
     )
-    max_events_per_second: float = field(default=500.0, metadata=setting("client events per second"))
+    max_events_per_second: float = field(default=500.0, metadata=setting("client events per second", least=1))
     max_utterances: int = field(
         default=4,
-        metadata=setting("live utterances per connection (OpenAI's manual commits each open one)"),
+        metadata=setting("live utterances per connection (OpenAI's manual commits each open one)", least=1),
     )
 
 

@@ -16,9 +16,17 @@ from typing import Any, Union, get_args, get_origin
 TRUE = frozenset({"1", "true", "yes", "on"})
 
 
-def setting(help_text: str, parse: Callable[[str], Any] | None = None, choices: tuple = ()) -> dict:
-    """A field's metadata that makes it a setting; `parse` reads the flag's text (default: its type)."""
-    return {"help": help_text, "parse": parse, "choices": choices}
+def setting(
+    help_text: str,
+    parse: Callable[[str], Any] | None = None,
+    choices: tuple = (),
+    least: float | None = None,
+    most: float | None = None,
+) -> dict:
+    """A field's metadata that makes it a setting; `parse` reads the flag's text (default: its
+    type). A value below `least` or above `most` is refused before the server starts: one that
+    makes no sense (a negative drain, no sessions) would start a server that serves nobody."""
+    return {"help": help_text, "parse": parse, "choices": choices, "least": least, "most": most}
 
 
 def comma_list(text: str) -> list[str]:
@@ -41,6 +49,20 @@ def _parser(kind: Any) -> Callable[[str], Any]:
     return kind
 
 
+def _bounded(parse: Callable[[str], Any], least: float | None, most: float | None) -> Callable[[str], Any]:
+    def parse_within(text: str) -> Any:
+        value = parse(text)
+        below, above = least is not None and value < least, most is not None and value > most
+        if below or above:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is {'below' if below else 'above'} {least if below else most}"
+            )
+        return value
+
+    parse_within.__name__ = getattr(parse, "__name__", "value")  # argparse names the kind it wanted
+    return parse_within
+
+
 def default_of(f: Field) -> Any:
     return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
 
@@ -53,17 +75,19 @@ def add_settings(parser: argparse.ArgumentParser, *classes: type) -> None:
     """A flag per setting of `classes`; its default is the environment variable's when set."""
     for cls in classes:
         for f in settings_of(cls):
-            parse = f.metadata["parse"] or _parser(f.type)
+            parse = _bounded(f.metadata["parse"] or _parser(f.type), f.metadata["least"], f.metadata["most"])
             env = os.environ.get(env_name(f.name))
-            default = default_of(f) if env is None else parse(env)
             help_text = f"{f.metadata['help']} (env {env_name(f.name)})"
             if f.type is bool:
+                default = default_of(f) if env is None else parse(env)
                 parser.add_argument(flag_name(f.name), action="store_true", default=default, help=help_text)
             else:
+                # A variable's text is the default, which argparse parses as it would the flag's:
+                # a bad value in the environment is refused as one on the command line is.
                 parser.add_argument(
                     flag_name(f.name),
                     type=parse,
-                    default=default,
+                    default=default_of(f) if env is None else env,
                     choices=f.metadata["choices"] or None,
                     help=help_text,
                 )
@@ -99,7 +123,8 @@ class ModelSettings:
         default=None,
         metadata=setting(
             "cores the model uses (default: all this process may run on); Whisper on a CPU decodes "
-            "that many windows at once, each on one thread"
+            "that many windows at once, each on one thread",
+            least=1,
         ),
     )
     log_level: str = field(

@@ -25,13 +25,18 @@ from realtime.settings import setting
 class CapacityConfig:
     target_busy: float = field(
         default=0.8,
-        metadata=setting("admit sessions while all of them speaking would keep the model at most this busy"),
+        metadata=setting(
+            "admit sessions while all of them speaking would keep the model at most this busy"
+            " (past 1: --max-sessions alone caps them)",
+            least=0.01,
+        ),
     )
     max_lag_seconds: float = field(
         default=3.0,
         metadata=setting(
             "refuse new sessions once one is this far behind real time, and shed the newest once"
-            " one has stayed this far behind for as long again"
+            " one has stayed this far behind for as long again",
+            least=0,
         ),
     )
     # The share of each step period the sessions kept after a shed may take: they are already

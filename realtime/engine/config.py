@@ -13,9 +13,9 @@ from realtime.settings import setting
 @dataclass(kw_only=True)
 class EngineConfig:
     # Voxtral: its KV slots, or fewer where their rings would not fit in memory.
-    max_sessions: int = field(default=64, metadata=setting("a hard cap, whatever capacity measures"))
+    max_sessions: int = field(default=64, metadata=setting("a hard cap, whatever capacity measures", least=1))
     max_session_seconds: float = field(
-        default=4 * 3600.0, metadata=setting("an utterance past this ends with session_too_long")
+        default=4 * 3600.0, metadata=setting("an utterance past this ends with session_too_long", least=1)
     )
     feature_cache_bytes: int = 64 << 20
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
