@@ -117,6 +117,19 @@ def transcribe(url: str, path: Path, args: argparse.Namespace, out) -> None:
             out.write("\n")
 
 
+def _transcribe_to(target: Path, url: str, path: Path, args: argparse.Namespace) -> None:
+    """`path`'s transcript in `target`, whole or not at all: a file the server fails partway
+    leaves no transcript that reads as done."""
+    partial = target.with_name(target.name + ".part")
+    try:
+        with open(partial, "w") as out:
+            transcribe(url, path, args, out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(target)
+
+
 def run_files(url: str, args: argparse.Namespace) -> int:
     paths = [Path(f) for f in args.files]
     for path in paths:
@@ -124,6 +137,12 @@ def run_files(url: str, args: argparse.Namespace) -> int:
             soundfile.info(str(path))
         except (RuntimeError, soundfile.LibsndfileError) as exc:
             print(f"voxrt transcribe: {path}: not a recording this reads: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.output_dir:
+        try:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"voxrt transcribe: cannot write to {args.output_dir}: {exc}", file=sys.stderr)
             return EXIT_USAGE
     seconds = sum(soundfile.info(str(p)).duration for p in paths)
     bar = tqdm(total=round(seconds), unit="s", desc="audio", disable=not sys.stderr.isatty(), file=sys.stderr)
@@ -134,10 +153,7 @@ def run_files(url: str, args: argparse.Namespace) -> int:
             # A file the server refuses is named and the rest go on; the exit says one failed.
             try:
                 if args.output_dir:
-                    target = Path(args.output_dir) / f"{path.stem}.{ext}"
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with open(target, "w") as out:
-                        transcribe(url, path, args, out)
+                    _transcribe_to(Path(args.output_dir) / f"{path.stem}.{ext}", url, path, args)
                 else:
                     transcribe(url, path, args, sys.stdout)
             except ServerError as exc:

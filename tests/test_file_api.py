@@ -366,6 +366,17 @@ def test_voxrt_transcribe_writes_text_and_captions_from_a_server(served, tmp_pat
     both = subprocess.run([*base, str(broken), str(WELCOME)], capture_output=True, text=True, timeout=120)
     assert both.returncode == 1 and f"{broken}: invalid_file" in both.stderr and "no number" in both.stderr
     assert word_error_rate(welcome_text(), both.stdout.splitlines()[-1]) <= 0.1, both.stdout
+    # To a directory: the failed file leaves no transcript that reads as done, the next its own.
+    into = tmp_path / "texts"
+    written = subprocess.run(
+        [*base, "--output-dir", str(into), str(broken), str(WELCOME)], capture_output=True
+    )
+    assert written.returncode == 1 and sorted(p.name for p in into.iterdir()) == ["welcome.txt"]
+    assert word_error_rate(welcome_text(), (into / "welcome.txt").read_text()) <= 0.1
+    unwritable = subprocess.run(
+        [*base, "--output-dir", str(broken / "texts"), str(WELCOME)], capture_output=True
+    )
+    assert unwritable.returncode == 2 and b"cannot write to" in unwritable.stderr, unwritable.stderr
 
 
 @pytest.mark.slow
