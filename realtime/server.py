@@ -280,10 +280,14 @@ class RealtimeServer:
 
     async def start(self) -> None:
         heap.settle()
+        # Before the engine starts: an address this server cannot listen on leaves nothing to stop.
+        try:
+            sock = listening_socket(self.config.host, self.config.port)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
         loop = asyncio.get_running_loop()
         self.engine.on_events = lambda events: loop.call_soon_threadsafe(self._route, events)
         self.engine.start()
-        sock = listening_socket(self.config.host, self.config.port)
         self.port = sock.getsockname()[1]
         self.uvicorn = uvicorn_server(self.app, self.config.max_frame_bytes, CLOSE_SECONDS)
         self.serving = asyncio.create_task(self.uvicorn.serve(sockets=[sock]))

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,3 +94,20 @@ def test_sigint_drains_too_and_what_it_cannot_finish_in_its_seconds_is_closed_wi
         assert process.wait(timeout=60) == 0
     finally:
         process.kill()
+
+
+def test_a_port_another_process_holds_stops_it_with_exit_2_and_the_address():
+    """Taken before the engine starts: an operator reads the address, not a traceback."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        refused = subprocess.run(
+            [sys.executable, "-m", "realtime.cli", "serve", "--port", str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert refused.returncode == 2, refused.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in refused.stderr and "Traceback" not in refused.stderr
