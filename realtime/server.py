@@ -17,6 +17,7 @@ from typing import Protocol
 import structlog
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -45,6 +46,10 @@ KEY_SUBPROTOCOL = "openai-insecure-api-key."
 ENGINE_CHECK_SECONDS = 1.0
 # What a refused client is told to wait: about the capacity window's time to measure anew.
 RETRY_AFTER_SECONDS = 5
+ROUTES_SERVED = (
+    "WebSocket /v1/realtime; POST /v1/audio/transcriptions, /v1/audio/translations; GET /v1/models,"
+    " /health, /metrics"
+)
 
 
 class Listener(Protocol):
@@ -91,7 +96,9 @@ class RealtimeServer:
                 Route("/v1/models/{model:path}", self._models),
                 WebSocketRoute(REALTIME_PATH, self._realtime),
                 WebSocketRoute("/{path:path}", self._no_such_socket),
-            ]
+            ],
+            # OpenAI's SDK shows an error's body: a plain "Not Found" reads as "Error code: 404".
+            exception_handlers={404: _no_such_route, 405: _no_such_route},
         )
 
     def _refusal(self, request: HTTPConnection, status: HTTPStatus, code: str, message: str) -> Response:
@@ -360,6 +367,13 @@ class RealtimeServer:
             log.critical("server.engine_dead", action="exit 1 so that a supervisor restarts the process")
         await self.drain_and_stop()
         return 0 if self.engine.alive or stop.is_set() else 1
+
+
+async def _no_such_route(request: Request, exc: HTTPException) -> Response:
+    status = HTTPStatus(exc.status_code)
+    code = "not_found" if status == HTTPStatus.NOT_FOUND else "method_not_allowed"
+    message = f"no {request.method} {request.url.path[:200]} here ({ROUTES_SERVED})"
+    return Response(file_api.error_body(code, message), status, exc.headers, media_type="application/json")
 
 
 def _json(status: HTTPStatus, body: dict) -> Response:

@@ -138,6 +138,10 @@ def test_the_model_list_names_the_served_model_and_what_it_names_is_transcribed(
     assert missing.value.code == "model_not_found"
     text = client.audio.transcriptions.create(file=("w.wav", WELCOME.read_bytes()), model=listed[0].id).text
     assert word_error_rate(welcome_text(), text) <= 0.1
+    # What this server does not serve is said as OpenAI's errors are, with what it does serve.
+    with pytest.raises(openai.NotFoundError) as elsewhere:
+        client.chat.completions.create(model=listed[0].id, messages=[{"role": "user", "content": "hi"}])
+    assert elsewhere.value.code == "not_found" and "/v1/audio/transcriptions" in elsewhere.value.message
 
 
 def test_a_flac_at_44100_hz_in_stereo_reads_as_the_wav(served):
