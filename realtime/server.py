@@ -166,7 +166,9 @@ class RealtimeServer:
         (`client.models.list().data[0].id`): the served model under each name a client may ask for
         it by, its own name first."""
         if not self._authorized(request.headers):
-            return _http_error(HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
+            return file_api.error_response(
+                HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key"
+            )
         names = [self.model.name, *sorted(self.model.names - {self.model.name})]
         listed = {
             name: {"id": name, "object": "model", "created": self.created, "owned_by": "voxrt"}
@@ -175,7 +177,7 @@ class RealtimeServer:
         if (wanted := request.path_params.get("model")) is None:
             return _json(HTTPStatus.OK, {"object": "list", "data": list(listed.values())})
         if wanted not in listed:
-            return _http_error(
+            return file_api.error_response(
                 HTTPStatus.NOT_FOUND, "model_not_found", f"the model {wanted[:200]!r} is not served here"
             )
         return _json(HTTPStatus.OK, listed[wanted])
@@ -373,15 +375,11 @@ async def _no_such_route(request: Request, exc: HTTPException) -> Response:
     status = HTTPStatus(exc.status_code)
     code = "not_found" if status == HTTPStatus.NOT_FOUND else "method_not_allowed"
     message = f"no {request.method} {request.url.path[:200]} here ({ROUTES_SERVED})"
-    return Response(file_api.error_body(code, message), status, exc.headers, media_type="application/json")
+    return file_api.error_response(status, code, message, exc.headers)
 
 
 def _json(status: HTTPStatus, body: dict) -> Response:
     return Response(json.dumps(body) + "\n", status, media_type="application/json")
-
-
-def _http_error(status: HTTPStatus, code: str, message: str) -> Response:
-    return Response(file_api.error_body(code, message), status, media_type="application/json")
 
 
 def _wants_openai(request: HTTPConnection) -> bool:

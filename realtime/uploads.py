@@ -97,8 +97,7 @@ class Uploads:
         log.info("upload.refused", code=code, status=int(status))
         retry = status in (HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.TOO_MANY_REQUESTS)
         headers = {"Retry-After": str(self.retry_after_seconds)} if retry else None
-        body = file_api.error_body(code, message, server=status >= HTTPStatus.INTERNAL_SERVER_ERROR)
-        return Response(body, status, headers, media_type="application/json")
+        return file_api.error_response(status, code, message, headers)
 
     async def _respond(self, request: Request, task: str, max_bytes: int) -> Response:
         """The transcript (or translation) of the request's upload, in the format it asked.

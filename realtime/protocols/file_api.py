@@ -4,9 +4,12 @@ form parsed into what it asks, and a transcript written in the format it asked f
 import json
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from starlette.datastructures import FormData, UploadFile
+from starlette.responses import Response
 
 import captions
 from realtime.protocols.common import (
@@ -205,3 +208,11 @@ def error_body(code: str, message: str, server: bool = False) -> str:
     """OpenAI's HTTP error shape."""
     kind = "server_error" if server else "invalid_request_error"
     return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}) + "\n"
+
+
+def error_response(
+    status: HTTPStatus, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    """OpenAI's HTTP error as a response: every error this server answers over plain HTTP."""
+    body = error_body(code, message, server=status >= HTTPStatus.INTERNAL_SERVER_ERROR)
+    return Response(body, status, headers, media_type="application/json")
