@@ -28,5 +28,8 @@ export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 # pip byte-compiles on one core; compileall on all of them takes ~10 s off a fresh setup.
 # (Some packages ship files for other Pythons that never compile: its status is not ours.)
 .venv/bin/pip install -q --disable-pip-version-check --no-compile -e '.[test,clients,multilingual]'
+# A real telephone call with its transcript and turns (benchmarks/conversation_set.py) ships in
+# pyannote.audio's wheel: its files alone, without the packages it needs to run (another torch).
+.venv/bin/pip install -q --disable-pip-version-check --no-compile --no-deps 'pyannote.audio==4.0.7'
 .venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages >/dev/null || true
 [ -z "$apt" ] || wait "$apt"  # its failure is setup's

@@ -17,6 +17,7 @@ class GreedyRow:
     logprobs: list[float] = field(default_factory=list)
     end_logprob: float = 0.0  # of end-of-text, where the row chose it
     done: bool = False
+    looped: bool = False  # it stopped on a repeat: its text ends before what the window holds
 
     @classmethod
     def after(cls, forced: list[int], budget: int, eot: int) -> "GreedyRow":
@@ -35,7 +36,7 @@ class GreedyRow:
             self.done = True
         if self.guard.repeats(token):
             self.guard.drop_loop(self.tokens, len(self.frames), self.frames, self.logprobs)
-            self.done = True
+            self.done = self.looped = True
 
     @property
     def avg_logprob(self) -> float:

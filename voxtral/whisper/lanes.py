@@ -3,6 +3,7 @@ spread through, the windows of a step shared out among lanes (threads, one per c
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import torch
 
@@ -10,7 +11,7 @@ from voxtral.audio import normalize_log_mel
 from voxtral.runner import run_rows
 from voxtral.whisper.decoder import pad_states
 from voxtral.whisper.language import detect_languages
-from voxtral.whisper.model import Hypothesis, WhisperModel
+from voxtral.whisper.model import Hypothesis, Segment, WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, drop_repetition
 from voxtral.whisper.stream import POSITIONS_PER_SECOND, Window
 
@@ -82,29 +83,28 @@ class WindowDecoder:
         return [None] * len(windows)
 
     def _decode_batch(self, windows: list[Window]) -> list[Hypothesis | None]:
+        forced = [w.state.prefix for w in windows]
+        hyps = self._decode(windows, forced, [w.state.draft for w in windows])
+        return [self._whole(w, hyp) for w, hyp in zip(windows, hyps, strict=True)]
+
+    def _decode(
+        self, windows: list[Window], forced: list[list[int]], drafts: list[list[int]]
+    ) -> list[Hypothesis]:
+        """Each window's greedy decode, its segments past a loop dropped (`drop_repetition`)."""
         p = self.policy
         # Each window is encoded at its own length: its text does not depend on the windows beside it.
         states, lengths = pad_states([self._encode(w) for w in windows])
         # The window's committed words are forced, not prompted (<|startofprev|>): with them
         # as a prompt tiny.en skips the prompted words and stops closing timestamps, and the
         # window could no longer be trimmed. The prompt holds only the client's text.
-        forced = [w.state.prefix for w in windows]
         prompts = [self.model.prompt(w.state.language, w.state.task, w.state.previous) for w in windows]
         most, per_frame = self.model.max_target_positions // 2, p.tokens_per_second / POSITIONS_PER_SECOND
         budgets = [
             min(most, int(w.raw.shape[1] * per_frame) + 10, self.model.max_target_positions - len(a) - len(f))
             for w, a, f in zip(windows, prompts, forced, strict=True)
         ]
-        drafts = [w.state.draft for w in windows]
         hyps = self.model.decode(states, budgets, forced, prompts, lengths, drafts)
-        out: list[Hypothesis | None] = []
         for row, (window, hyp) in enumerate(zip(windows, hyps, strict=True)):
-            # Whisper's test for a window without speech; a window holding committed words has some.
-            silent = (
-                not hyp.num_forced
-                and hyp.no_speech_prob > p.no_speech_prob
-                and hyp.avg_logprob < p.logprob_floor
-            )
             # Timestamps past the window's audio are the model's guess into the silence padded
             # after it: a trim there skipped speech not yet transcribed (a whole sentence's start).
             last = self.model.timestamp_begin + window.raw.shape[1] // 2  # one per two positions
@@ -112,12 +112,120 @@ class WindowDecoder:
             segments = self.model.segments(hyp.token_ids)
             seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
             hyp.segments = drop_repetition(segments, p.max_compression_ratio, seconds)
-            out.append(None if silent or not hyp.segments else hyp)
+            hyp.looped |= len(hyp.segments) < len(segments)
             if window.state.word_times:  # kept to time the words, if this decode commits any
                 window.encoded, window.prompt = states[row, : lengths[row]], prompts[row]
-        return out
+        return hyps
+
+    def _silent(self, hyp: Hypothesis) -> bool:
+        """Whisper's test for a window without speech; a window holding committed words has some."""
+        p = self.policy
+        return (
+            not hyp.num_forced and hyp.no_speech_prob > p.no_speech_prob and hyp.avg_logprob < p.logprob_floor
+        )
+
+    def _whole(self, window: Window, hyp: Hypothesis) -> Hypothesis | None:
+        """`hyp`, or, where its text stops short of the window's speech, the window decoded
+        again in pieces: what it said through its last closed segment and a decode of the rest,
+        or, with no such segment, each half of the window (cut at its quietest moment near the
+        middle). Short: a loop dropped, nothing said where Whisper hears speech, or, where the
+        whole window is committed now, its text ended `min_piece_seconds` before the audio.
+        A long window (a client faster than real time, an upload) looped or ended early where
+        the turn decoded as it grew would not, and all of the window past that was lost."""
+        if self._silent(hyp):
+            return None
+        piece = round(self.policy.min_piece_seconds * POSITIONS_PER_SECOND)
+        length = window.raw.shape[1]
+        closed = [s.end for s in hyp.segments if s.end is not None]
+        heard = round(closed[-1] * POSITIONS_PER_SECOND) if closed else 0
+        ended_early = window.commit_all and bool(hyp.segments) and hyp.segments[-1].end is not None
+        short = hyp.looped or not hyp.segments or (ended_early and length - heard >= piece)
+        if not short:
+            return hyp
+        if closed and length - heard >= piece:
+            said = _through_segments(hyp, len(closed), self.model.timestamp_begin)
+            return _joined(
+                [(0, said), (heard, self._piece(window, heard, length))], length, self.model.timestamp_begin
+            )
+        if hyp.num_forced or length < 2 * piece:
+            return hyp if hyp.segments else None
+        cut = _quietest(window.raw, piece)
+        parts = [(0, self._piece(window, 0, cut)), (cut, self._piece(window, cut, length))]
+        return _joined(parts, length, self.model.timestamp_begin)
+
+    def _piece(self, window: Window, start: int, end: int) -> Hypothesis | None:
+        """The part of `window` from `start` to `end` (positions), decoded whole on its own."""
+        piece = replace(window, raw=window.raw[:, start:end], end=window.start + end)
+        (hyp,) = self._decode([piece], [[]], [[]])
+        return self._whole(piece, hyp)
 
     def _encode(self, window: Window) -> torch.Tensor:
         """(frames, width): the window and the silence after it (`WhisperPolicy.encoder_frames`)."""
         n = self.policy.encoder_frames(window.raw.shape[1], POSITIONS_PER_SECOND, self.model.max_frames)
         return self.model.encode(normalize_log_mel(window.raw[:, :n], n)[None])[0]
+
+
+def _quietest(raw: torch.Tensor, margin: int) -> int:
+    """The position in a window's raw log-mel, at least `margin` from either end, where its
+    loudness over a tenth of a second is least: where a long window is cut in two."""
+    level = raw.max(dim=0).values
+    width = POSITIONS_PER_SECOND // 10
+    smooth = torch.nn.functional.avg_pool1d(level[None, None], width, 1, width // 2, count_include_pad=False)[
+        0, 0
+    ]
+    return margin + int(smooth[margin : raw.shape[1] - margin].argmin())
+
+
+def _through_segments(hyp: Hypothesis, count: int, timestamp_begin: int) -> Hypothesis:
+    """`hyp` through its first `count` segments, each closed."""
+    closed = end = 0
+    for index, token in enumerate(hyp.token_ids):
+        if token >= timestamp_begin:
+            end = index + 1
+            closed += index > 0 and hyp.token_ids[index - 1] < timestamp_begin
+            if closed == count:
+                break
+    generated = max(0, end - hyp.num_forced)
+    return replace(
+        hyp,
+        token_ids=hyp.token_ids[:end],
+        segments=hyp.segments[:count],
+        num_forced=min(hyp.num_forced, end),
+        frames=hyp.frames[:generated],
+        logprobs=hyp.logprobs[:generated],
+        looped=False,
+    )
+
+
+def _joined(parts: list[tuple[int, Hypothesis | None]], end: int, timestamp_begin: int) -> Hypothesis | None:
+    """One hypothesis of a window `end` positions long from those of its pieces, each starting
+    `offset` positions into it: their timestamps and frames moved by that much, and a piece's
+    last segment, if open, closed where the next piece starts."""
+    token_ids: list[int] = []
+    segments: list[Segment] = []
+    frames: list[int] = []
+    logprobs: list[float] = []
+    for (offset, hyp), (stop, _) in zip(parts, [*parts[1:], (end, None)], strict=True):
+        if hyp is None:
+            continue
+        shift = offset // 2  # a timestamp and an encoder frame are two positions
+        token_ids += [t + shift if t >= timestamp_begin else t for t in hyp.token_ids]
+        frames += [f + shift for f in hyp.frames]
+        logprobs += hyp.logprobs
+        for s in hyp.segments:
+            start = s.start + offset / POSITIONS_PER_SECOND
+            segments.append(
+                Segment(start, None if s.end is None else s.end + offset / POSITIONS_PER_SECOND, s.text)
+            )
+        if segments[-1].end is None and stop < end:
+            segments[-1].end = stop / POSITIONS_PER_SECOND
+            token_ids.append(timestamp_begin + stop // 2)
+            frames.append(stop // 2)
+            logprobs.append(0.0)
+    said = [hyp for _, hyp in parts if hyp is not None]
+    if not said:
+        return None
+    first = said[0]
+    average = sum(logprobs) / len(logprobs) if logprobs else first.avg_logprob
+    forced = first.num_forced if parts[0][1] is first else 0
+    return Hypothesis(token_ids, segments, first.no_speech_prob, average, forced, frames, logprobs)

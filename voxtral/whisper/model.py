@@ -44,6 +44,7 @@ class Hypothesis:
     # For each generated token, its log-probability: a dropped loop's tokens are gone from
     # both lists, and from `avg_logprob`.
     logprobs: list[float] = field(default_factory=list)
+    looped: bool = False  # decoding stopped on a repeat, its segment dropped (`GreedyRow`)
 
     @property
     def text(self) -> str:
@@ -274,6 +275,7 @@ class WhisperModel:
                 len(forced[i]),
                 r.frames,
                 r.logprobs,
+                r.looped,
             )
             for i, r in enumerate(rows)
         ]

@@ -101,6 +101,9 @@ class WhisperPolicy:
     encoder_bucket_seconds: float = 1.0  # encoder lengths are rounded up to this
     no_speech_prob: float = 0.6  # with `logprob_floor`: Whisper's test for a window without speech
     logprob_floor: float = -1.0
+    min_piece_seconds: float = (
+        3.0  # a window whose decode stopped short is decoded again in pieces this long at least
+    )
     tail_pad_seconds: float = 3.0  # silence the encoder reads after the window
     max_compression_ratio: float = 2.4  # a tail that compresses better than this is a loop
     tokens_per_second: float = 6.0  # a decode's budget: this many tokens per second of window
