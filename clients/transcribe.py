@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--language", default=None, help="e.g. fr, for a multilingual model")
     parser.add_argument("--prompt", default=None, help="names and terms said in it, for spelling")
+    parser.add_argument(
+        "--speakers", action="store_true", help="name each turn's speaker (S1, S2...): a text line per turn"
+    )
 
 
 class ServerError(Exception):
@@ -96,15 +99,19 @@ def _streamed_text(response) -> Iterator[str]:
 
 def transcribe(url: str, path: Path, args: argparse.Namespace, out) -> None:
     """One file's transcript, written to `out` (text as it comes)."""
-    fields = {"model": "whisper-1", "response_format": "json" if args.format == "text" else args.format}
+    # Text streams as it is committed; a turn's speaker is named once the file is done.
+    streamed = args.format == "text" and not args.speakers
+    formats = {"text": "json" if streamed else "text", "json": "verbose_json"}
+    fields = {"model": "whisper-1", "response_format": formats.get(args.format, args.format)}
     if args.format == "json":
-        fields["response_format"] = "verbose_json"
         fields["timestamp_granularities[]"] = "word"
     fields.update({k: v for k, v in (("language", args.language), ("prompt", args.prompt)) if v})
-    if args.format == "text":
+    if args.speakers:
+        fields["diarize"] = "true"
+    if streamed:
         fields["stream"] = "true"
     with _post(url, path, fields, args.api_key) as response:
-        if args.format != "text":
+        if not streamed:
             out.write(response.read().decode())
             return
         first = True

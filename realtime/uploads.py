@@ -231,7 +231,7 @@ class Uploads:
                 elif isinstance(event, Failed):
                     raise UploadRefused(HTTPStatus.INTERNAL_SERVER_ERROR, event.code, event.message)
                 elif isinstance(event, Done):
-                    words = event.words if asked.transcription.word_times else None
+                    words = event.words if asked.transcription.word_times or asked.speakers else None
                     name = LANGUAGE_NAMES.get(language, language)
                     yield Transcript(event.text, words, event.audio_seconds, name)
                     return

@@ -5,6 +5,7 @@ same time."""
 
 import asyncio
 import io
+import itertools
 import socket
 import subprocess
 import sys
@@ -17,7 +18,9 @@ import soundfile
 import soxr
 import srt
 import webvtt
+from openai.types.audio import TranscriptionDiarized
 
+from benchmarks.conversations import conversation, synthetic_voices, word_accuracy
 from benchmarks.text import word_error_rate
 from clients.audio import load_audio_file
 from realtime.config import ServerConfig
@@ -33,6 +36,7 @@ from tests.server_harness import (
     stream,
     wait_until,
 )
+from voxtral.runner import TimedWord
 from voxtral.whisper.runner import WhisperRunner
 
 WELCOME = SAMPLES / "welcome.wav"
@@ -400,3 +404,36 @@ def test_a_transcripts_language_is_named_as_whispers_tokenizer_names_it():
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
     assert LANGUAGE_NAMES == LANGUAGES
+
+
+@pytest.fixture(scope="module")
+def two_voices(tmp_path_factory):
+    """Two synthetic voices taking four turns, with who spoke when."""
+    return conversation("two", synthetic_voices(tmp_path_factory.mktemp("voices")), 2, 4, seed=5)
+
+
+def test_diarized_json_through_the_openai_sdk_names_each_voices_turns(served, two_voices, tmp_path):
+    """OpenAI's `gpt-4o-transcribe-diarize` answer: a segment per run of one speaker's words,
+    each timed and labelled; and `voxrt transcribe --speakers`, a line per turn."""
+    file = ("two.flac", flac(two_voices.audio))
+    got = sdk(served).audio.transcriptions.create(
+        file=file, model="whisper-1", response_format="diarized_json"
+    )
+    assert isinstance(got, TranscriptionDiarized) and got.task == "transcribe"
+    assert got.duration == pytest.approx(len(two_voices.audio) / 16000, abs=0.01)
+    assert " ".join(s.text for s in got.segments).split() == got.text.split()
+    assert_timed(got.segments, got.duration)
+    assert all(s.type == "transcript.text.segment" for s in got.segments)
+    assert [s.id for s in got.segments] == [f"seg_{i:03d}" for i in range(len(got.segments))]
+    assert all(a.speaker != b.speaker for a, b in itertools.pairwise(got.segments))
+    words = [
+        TimedWord(word, s.start, s.end, 1.0, (), s.speaker) for s in got.segments for word in s.text.split()
+    ]
+    assert len({s.speaker for s in got.segments}) == 2
+    assert word_accuracy(two_voices, words) >= 0.9
+    (tmp_path / "two.flac").write_bytes(file[1])
+    base = [sys.executable, "-m", "realtime.cli", "transcribe", "--url", f"http://127.0.0.1:{served.port}"]
+    lines = subprocess.run([*base, "--speakers", str(tmp_path / "two.flac")], capture_output=True, text=True)
+    assert lines.returncode == 0, lines.stderr
+    said = [line.split(": ", 1) for line in lines.stdout.splitlines()]
+    assert [(who, text.split()) for who, text in said] == [(s.speaker, s.text.split()) for s in got.segments]

@@ -1,6 +1,7 @@
 """OpenAI's file API, `POST /v1/audio/transcriptions` and `/translations`, as data: a request's
 form parsed into what it asks, and a transcript written in the format it asked for."""
 
+import itertools
 import json
 import math
 import zlib
@@ -22,10 +23,11 @@ from realtime.protocols.common import transcription as asked_transcription
 from realtime.protocols.openai_wire import logprobs
 from voxtral.runner import ModelSpec, TimedWord, Transcription
 
-FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 MEDIA_TYPES = {
     "json": "application/json",
     "verbose_json": "application/json",
+    "diarized_json": "application/json",
     "text": "text/plain; charset=utf-8",
     "srt": "application/x-subrip; charset=utf-8",
     "vtt": "text/vtt; charset=utf-8",
@@ -43,6 +45,7 @@ class FileRequest:
     stream: bool
     logprobs: bool  # `include[]=logprobs`
     words: bool  # `timestamp_granularities[]=word`: verbose_json carries `words`
+    speakers: bool  # `diarized_json`, or voxrt's `diarize=true`: each word's speaker
 
 
 def _field(form: FormData, name: str, limit: int) -> str | None:
@@ -95,12 +98,15 @@ def parse(form: FormData, task: str, spec: ModelSpec) -> FileRequest:
     if unknown := set(granularities) - {"word", "segment"}:
         raise ProtocolError("invalid_value", f"timestamp_granularities[]: 'word' or 'segment', not {unknown}")
     stream = _flag(form, "stream")
+    speakers = response_format == "diarized_json" or _flag(form, "diarize")
     wants_logprobs = "logprobs" in include
     words = "word" in granularities
     if words and response_format != "verbose_json":
         raise ProtocolError("invalid_value", "timestamp_granularities[]: needs response_format verbose_json")
     if stream and response_format not in ("json", "text"):
         raise ProtocolError("invalid_value", "stream: with response_format json or text")
+    if stream and speakers:
+        raise ProtocolError("invalid_value", "stream: not with speakers (diarized_json, diarize)")
     timed = spec.word_times and (words or wants_logprobs or response_format in ("srt", "vtt", "verbose_json"))
     transcription = asked_transcription(
         spec,
@@ -108,8 +114,9 @@ def parse(form: FormData, task: str, spec: ModelSpec) -> FileRequest:
         task,
         _field(form, "prompt", MAX_PROMPT_CHARS),
         timed or wants_logprobs or words,
+        speakers,
     )
-    return FileRequest(file, model, transcription, response_format, stream, wants_logprobs, words)
+    return FileRequest(file, model, transcription, response_format, stream, wants_logprobs, words, speakers)
 
 
 @dataclass
@@ -123,7 +130,24 @@ class Transcript:
 
 
 def _word(word: TimedWord) -> dict:
-    return {"word": word.text, "start": round(word.start, 3), "end": round(word.end, 3)}
+    said = {"word": word.text, "start": round(word.start, 3), "end": round(word.end, 3)}
+    return said if word.speaker is None else {**said, "speaker": word.speaker}
+
+
+def _speaker_segments(words: list[TimedWord]) -> list[dict]:
+    """OpenAI's diarized segments: each run of one speaker's words, timed from them."""
+    runs = [list(run) for _, run in itertools.groupby(words, key=lambda w: w.speaker)]
+    return [
+        {
+            "type": "transcript.text.segment",
+            "id": f"seg_{i:03d}",
+            "start": round(run[0].start, 3),
+            "end": round(run[-1].end, 3),
+            "text": " ".join(w.text for w in run),
+            "speaker": run[0].speaker,
+        }
+        for i, run in enumerate(runs)
+    ]
 
 
 def _segments(transcript: Transcript) -> list[dict]:
@@ -165,6 +189,8 @@ def usage(transcript: Transcript) -> dict:
 def render(request: FileRequest, task: str, transcript: Transcript) -> str:
     """The transcript as the request's `response_format`."""
     fmt = request.response_format
+    if fmt == "text" and request.speakers:  # a line per turn, its speaker named
+        return captions.render(fmt, transcript.text, [_word(w) for w in transcript.words or []])
     if fmt == "text":
         return transcript.text + "\n"
     if fmt in ("srt", "vtt"):
@@ -173,6 +199,13 @@ def render(request: FileRequest, task: str, transcript: Transcript) -> str:
             words = [{"word": transcript.text, "start": 0.0, "end": transcript.seconds}]
         return captions.render(fmt, transcript.text, words)
     body: dict = {"text": transcript.text}
+    if fmt == "diarized_json":
+        body = {
+            "task": task,
+            "duration": round(transcript.seconds, 3),
+            "text": transcript.text,
+            "segments": _speaker_segments(transcript.words or []),
+        }
     if fmt == "verbose_json":
         body = {
             "task": task,
