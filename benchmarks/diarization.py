@@ -1,7 +1,9 @@
 """Speaker labels on conversations with known turns: how right, how soon, and at what cost.
 
 Conversations (`benchmarks/conversations.py`): `--conversations` of each set (real readers,
-two and three; synthetic voices, two and three), 8 turns of 1-15 s with pauses of 0.3-1.0 s.
+two and three; synthetic voices, two and three), 8 turns of 1-15 s with pauses of 0.3-1.0 s;
+then the conversation set's (`benchmarks/conversation_set.py`): the real telephone call
+(`call`), and its built conversations of two readers (each condition) and of three.
 
 Accuracy, without a clock (deterministic): each streams alone through the engine as served
 (tiny.en), 100 ms a step, with speakers asked for.
@@ -32,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.client_process import ClientProcess, Refused
+from benchmarks.conversation_set import conversation_set, phone_call
 from benchmarks.conversations import (
     Conversation,
     conversation,
@@ -43,7 +46,7 @@ from benchmarks.conversations import (
 from benchmarks.served import cpu_seconds
 from benchmarks.speech import tiny_en_models
 from benchmarks.streaming_wer import streamed_events
-from benchmarks.whisper_streaming import percentile
+from benchmarks.whisper_streaming import offline_texts, percentile
 from realtime.engine.events import Delta, Done
 from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
@@ -175,7 +178,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     configure_logging("warning")
-    model, _ = tiny_en_models()
+    model, timing = tiny_en_models()
     runner = WhisperRunner(model)
     real = real_voices()
     with tempfile.TemporaryDirectory() as tmp:
@@ -185,6 +188,11 @@ def main() -> None:
         for speakers in (2, 3):
             talks = [conversation(name, voices, speakers, 8, seed) for seed in range(args.conversations)]
             sets[f"{name}_{speakers}"] = accuracy(runner, talks)
+    spoken = conversation_set(timing, lambda audio: offline_texts(model, [audio])[0])
+    sets["call"] = accuracy(runner, [phone_call().conversation])
+    built = [s.conversation for s in spoken if not s.held_out]
+    sets["built_2"] = accuracy(runner, [c for c in built if c.name != "built-three"])
+    sets["built_3"] = accuracy(runner, [c for c in built if c.name == "built-three"])
     sessions = [conversation("real", real, 2, 8, 100 + i) for i in range(args.sessions)]
     rows = []
     with ClientProcess() as clients:

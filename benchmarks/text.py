@@ -48,3 +48,11 @@ def mean_wer(score: Callable[[str, str], float], references: list[str], texts: l
 def char_error_rate(reference: str, hypothesis: str) -> float:
     """For languages written without spaces, where a word is not what `split` gives."""
     return _rate(list("".join(normalize_words(reference))), list("".join(normalize_words(hypothesis))))
+
+
+def pooled_wer(references: list[str], texts: list[str]) -> float:
+    """A set's word errors over its words, as Whisper's evaluations score English: a long
+    conversation weighs more than a short one."""
+    refs = [_WHISPER_ENGLISH(r).split() for r in references]
+    errors = sum(_edits(r, _WHISPER_ENGLISH(t).split()) for r, t in zip(refs, texts, strict=True))
+    return round(errors / max(1, sum(len(r) for r in refs)), 4)

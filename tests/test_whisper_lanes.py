@@ -6,13 +6,17 @@ import threading
 import numpy as np
 import pytest
 
+from benchmarks.conversation_set import phone_call
 from benchmarks.real_speech import recording
-from realtime.engine.events import Delta
+from benchmarks.text import whisper_wer
+from realtime.engine.events import Delta, Done
 from realtime.engine.loop import Engine
+from tests.engine_events import listen
 from tests.test_whisper_streaming import stream_through_engine
 from voxtral.audio import SAMPLE_RATE
 from voxtral.whisper.policy import WhisperPolicy
 from voxtral.whisper.runner import WhisperRunner
+from voxtral.whisper.stream import POSITIONS_PER_SECOND
 
 pytestmark = pytest.mark.untimed
 
@@ -72,3 +76,40 @@ def test_a_step_decodes_no_more_windows_than_its_room_turns_that_ended_among_the
     stream_through_engine(Engine(runner), audios)
     assert all(len(s) <= room or all(s) for s in steps), steps
     assert any(len(s) == room and any(s) and not all(s) for s in steps), "ended turns shared a full step"
+
+
+def test_a_turn_handed_over_whole_is_heard_and_its_pieces_joined_read_as_one_decode(whisper_model):
+    """A real call's turn in one window, as a client faster than real time hands it over: tiny.en
+    loops on its opening ("Hello? Hello? Oh, hello.") where the whole window is decoded at once,
+    and the window is decoded again in pieces (`WindowDecoder._whole`). What it delivers says
+    the call, and reads as one decode of the window would: its tokens make its segments, in
+    order inside the window, with a frame and a log-probability per generated token."""
+    call = phone_call()
+    runner = WhisperRunner(whisper_model)
+    delivered = []
+    deliver = runner._deliver
+
+    def recorded(window, hyp, result):
+        delivered.append((window, hyp))
+        deliver(window, hyp, result)
+
+    runner._deliver = recorded
+    engine = Engine(runner)
+    events = listen(engine)
+    engine.add_utterance("call")
+    engine.add_audio("call", call.audio)
+    engine.finish_input("call")
+    while not any(isinstance(e, Done) for e in events["call"]):
+        engine.run_once()
+    assert whisper_wer(call.text, events["call"][-1].text) <= 0.35, events["call"][-1].text
+    for window, hyp in delivered:
+        seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
+        again = whisper_model.segments(hyp.token_ids)
+        assert [s.text for s in again] == [s.text for s in hyp.segments]
+        for mine, read in zip(hyp.segments, again, strict=True):
+            assert mine.start == pytest.approx(read.start, abs=0.021)
+            assert mine.end is None or mine.end == pytest.approx(read.end, abs=0.021)
+            assert 0 <= mine.start <= (mine.end or seconds) <= seconds + 0.01
+        starts = [s.start for s in hyp.segments]
+        assert starts == sorted(starts)
+        assert len(hyp.frames) == len(hyp.logprobs) == len(hyp.token_ids) - hyp.num_forced

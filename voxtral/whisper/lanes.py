@@ -168,11 +168,9 @@ class WindowDecoder:
 def _quietest(raw: torch.Tensor, margin: int) -> int:
     """The position in a window's raw log-mel, at least `margin` from either end, where its
     loudness over a tenth of a second is least: where a long window is cut in two."""
-    level = raw.max(dim=0).values
+    level = raw.max(dim=0).values[None]
     width = POSITIONS_PER_SECOND // 10
-    smooth = torch.nn.functional.avg_pool1d(level[None, None], width, 1, width // 2, count_include_pad=False)[
-        0, 0
-    ]
+    smooth = torch.nn.functional.avg_pool1d(level, width, 1, width // 2, count_include_pad=False)[0]
     return margin + int(smooth[margin : raw.shape[1] - margin].argmin())
 
 
