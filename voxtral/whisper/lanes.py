@@ -161,7 +161,9 @@ class WindowDecoder:
 
     def _encode(self, window: Window) -> torch.Tensor:
         """(frames, width): the window and the silence after it (`WhisperPolicy.encoder_frames`)."""
-        n = self.policy.encoder_frames(window.raw.shape[1], POSITIONS_PER_SECOND, self.model.max_frames)
+        n = self.policy.encoder_frames(
+            window.raw.shape[1], POSITIONS_PER_SECOND, self.model.max_frames, window.commit_all
+        )
         return self.model.encode(normalize_log_mel(window.raw[:, :n], n)[None])[0]
 
 

@@ -98,6 +98,9 @@ class WhisperPolicy:
     endpoint_tail_seconds: float = 0.3  # audio after a turn's end decoded with it
     context_silence_seconds: float = 3.0  # a longer silence ends a window's use as context
     min_encoder_seconds: float = 10.0  # shorter windows are padded to this
+    min_whole_encoder_seconds: float = (
+        10.0  # and a window committed whole (a turn's end, an upload's) to this
+    )
     encoder_bucket_seconds: float = 1.0  # encoder lengths are rounded up to this
     no_speech_prob: float = 0.6  # with `logprob_floor`: Whisper's test for a window without speech
     logprob_floor: float = -1.0
@@ -112,12 +115,14 @@ class WhisperPolicy:
     full_window_read_tokens: int = 30
     full_window_generated_tokens: int = 10
 
-    def encoder_frames(self, window: int, per_second: int, most: int) -> int:
-        """Mel frames the encoder reads for a window of `window`: the window and the tail's
-        silence, rounded up to the bucket, at least the minimum and at most `most`."""
+    def encoder_frames(self, window: int, per_second: int, most: int, whole: bool = False) -> int:
+        """Mel frames the encoder reads for a window of `window` (`whole`: committed whole): the
+        window and the tail's silence, rounded up to the bucket, at least the minimum and at
+        most `most`."""
         bucket = round(self.encoder_bucket_seconds * per_second)
         padded = -(-(window + round(self.tail_pad_seconds * per_second)) // bucket) * bucket
-        return min(most, max(round(self.min_encoder_seconds * per_second), padded))
+        least = self.min_whole_encoder_seconds if whole else self.min_encoder_seconds
+        return min(most, max(round(least * per_second), padded))
 
 
 @dataclass
