@@ -1,6 +1,7 @@
 """A real telephone call (the conversation set's `call`: two women, quiet, short turns) is heard
 on every path however fast its audio comes: uploaded, streamed unpaced, at 5x real time, on
-both wires; narrowed to a phone line's 8 kHz mu-law and made quieter still, too.
+both wires; narrowed to a phone line's 8 kHz mu-law and made quieter still, too. Silence,
+noise and music, sent the same ways, still give no text.
 
 Sent faster than real time, a turn reaches the decoder as one long window; tiny.en loops on
 the call's opening ("Hello? Hello? Oh, hello.") in some of them, the loop guard dropped the
@@ -109,3 +110,32 @@ def test_a_call_sent_unpaced_on_openais_wire_gives_its_words(server, call):
             raise AssertionError("closed before the item was transcribed")
 
     heard(call, asyncio.run(asyncio.wait_for(run(), 120)))
+
+
+def tones(seconds: float) -> np.ndarray:
+    """Music of a kind: notes of three harmonics each, struck every 0.55 s and dying away."""
+    t = np.arange(int(seconds * 16000)) / 16000
+    out = np.zeros_like(t)
+    for i in range(int(seconds / 0.55)):
+        f, lo, hi = (
+            (262, 330, 392, 523, 440, 349)[i % 6],
+            int(i * 0.55 * 16000),
+            int((i * 0.55 + 0.5) * 16000),
+        )
+        out[lo:hi] = np.exp(-3 * (t[lo:hi] - t[lo])) * sum(
+            np.sin(2 * np.pi * f * k * t[lo:hi]) / k for k in (1, 2, 3)
+        )
+    return (0.2 * out / np.abs(out).max()).astype(np.float32)
+
+
+def test_silence_noise_and_music_sent_unpaced_or_uploaded_give_no_text(server):
+    """What decodes a long window in pieces must not find words where no one speaks."""
+    sdk = openai.OpenAI(base_url=server.http + "/v1", api_key="unused", max_retries=0)
+    noise = np.random.default_rng(0).normal(0, 0.05, 20 * 16000).astype(np.float32)
+    for audio in (np.zeros(20 * 16000, np.float32), noise, tones(20)):
+        assert streamed(server, audio) == ""
+        wav = io.BytesIO()
+        soundfile.write(wav, audio, 16000, format="WAV", subtype="PCM_16")
+        assert (
+            sdk.audio.transcriptions.create(file=("none.wav", wav.getvalue()), model="whisper-1").text == ""
+        )
