@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import re
 import sys
@@ -288,6 +289,10 @@ def run(args: argparse.Namespace) -> int:
         audios = [load_audio_file(path) for path in args.audio]
     except UnreadableAudio as exc:
         print(f"voxrt soak: {exc}", file=sys.stderr)
+        return 2
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        # Said before the run: after an hour of it, a plot that cannot be drawn loses the hour.
+        print("voxrt soak: --plot needs matplotlib: pip install 'voxrt[clients]'", file=sys.stderr)
         return 2
     try:
         report = asyncio.run(soak(args, audios))

@@ -1,6 +1,7 @@
 """The clients as subprocesses against a real server on an ephemeral port."""
 
 import argparse
+import importlib.util
 import itertools
 import json
 import signal
@@ -223,6 +224,21 @@ def test_mic_without_portaudio_gives_a_hint(monkeypatch, capsys):
     mic.add_arguments(parser)
     assert mic.run(parser.parse_args(["--list-devices"])) == 2
     assert "libportaudio2" in capsys.readouterr().err
+
+
+def test_soak_without_matplotlib_refuses_a_plot_before_it_runs(server, monkeypatch, capsys):
+    """An hour's soak ended in a plot it could not draw: it is said before the run, exit 2."""
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a),
+    )
+    parser = argparse.ArgumentParser()
+    soak.add_arguments(parser)
+    args = parser.parse_args(["--url", server.url, "--duration", "1h", "--plot", "out.png"])
+    assert soak.run(args) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
 
 
 @pytest.mark.slow
