@@ -129,7 +129,8 @@ class WindowDecoder:
         again in pieces: what it said through its last closed segment and a decode of the rest,
         or, with no such segment, each half of the window (cut at its quietest moment near the
         middle). Short: a loop dropped, nothing said where Whisper hears speech, or, where the
-        whole window is committed now, its text ended `min_piece_seconds` before the audio.
+        whole window is committed now, its text ended `min_piece_seconds` before the audio; not
+        a turn going on whose committed words are forced.
         A long window (a client faster than real time, an upload) looped or ended early where
         the turn decoded as it grew would not, and all of the window past that was lost."""
         if self._silent(hyp):
@@ -140,8 +141,10 @@ class WindowDecoder:
         heard = round(closed[-1] * POSITIONS_PER_SECOND) if closed else 0
         ended_early = window.commit_all and bool(hyp.segments) and hyp.segments[-1].end is not None
         short = hyp.looped or not hyp.segments or (ended_early and length - heard >= piece)
-        if not short:
-            return hyp
+        # A turn going on whose words are committed is decoded again half a second on, with them
+        # as its context; a piece of it decoded alone loses that ("the epoch of the leaf").
+        if not short or (hyp.num_forced and not window.commit_all):
+            return hyp if hyp.segments else None
         if closed and length - heard >= piece:
             said = _through_segments(hyp, len(closed), self.model.timestamp_begin)
             return _joined(
