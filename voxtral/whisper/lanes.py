@@ -129,8 +129,8 @@ class WindowDecoder:
         again in pieces: what it said through its last closed segment and a decode of the rest,
         or, with no such segment, each half of the window (cut at its quietest moment near the
         middle). Short: a loop dropped, nothing said where Whisper hears speech, or, where the
-        whole window is committed now, its text ended `min_piece_seconds` before the audio; not
-        a turn going on whose committed words are forced.
+        window's words are committed now, its text ended `min_piece_seconds` before the audio;
+        not a turn going on whose committed words are forced, until its window is too long.
         A long window (a client faster than real time, an upload) looped or ended early where
         the turn decoded as it grew would not, and all of the window past that was lost."""
         if self._silent(hyp):
@@ -139,18 +139,27 @@ class WindowDecoder:
         length = window.raw.shape[1]
         closed = [s.end for s in hyp.segments if s.end is not None]
         heard = round(closed[-1] * POSITIONS_PER_SECOND) if closed else 0
-        ended_early = window.commit_all and bool(hyp.segments) and hyp.segments[-1].end is not None
+        # Committed now: the window is committed whole, or is too long and what it says is
+        # committed before it moves on (`WindowCommitter.update`'s `force_trim`).
+        last = window.commit_all or length > self.policy.max_window_seconds * POSITIONS_PER_SECOND
+        ended_early = last and bool(hyp.segments) and hyp.segments[-1].end is not None
         short = hyp.looped or not hyp.segments or (ended_early and length - heard >= piece)
         # A turn going on whose words are committed is decoded again half a second on, with them
         # as its context; a piece of it decoded alone loses that ("the epoch of the leaf").
-        if not short or (hyp.num_forced and not window.commit_all):
+        if not short or (hyp.num_forced and not last):
             return hyp if hyp.segments else None
-        if closed and length - heard >= piece:
+        # The rest after what was said, each piece at least `piece` shorter than the last (a
+        # window's committed words, forced, may be shorter: pieces have none).
+        if closed and heard <= length - piece and (heard >= piece or hyp.num_forced):
             said = _through_segments(hyp, len(closed), self.model.timestamp_begin)
             return _joined(
                 [(0, said), (heard, self._piece(window, heard, length))], length, self.model.timestamp_begin
             )
-        if hyp.num_forced or length < 2 * piece:
+        if hyp.num_forced:
+            # A turn's end whose committed words are forced, and nothing closed after them: the
+            # whole window again, unforced; the commit finds those words in what it says.
+            return self._piece(window, 0, length)
+        if length < 2 * piece:
             return hyp if hyp.segments else None
         cut = _quietest(window.raw, piece)
         parts = [(0, self._piece(window, 0, cut)), (cut, self._piece(window, cut, length))]
