@@ -21,7 +21,7 @@ event, and with a neighbour how long after it left every word spoken by then was
 (the longest of the sessions still going); WER against each passage's text (for a recording
 without a kept reference, the served model's offline words).
 
-    .venv/bin/python -m benchmarks.served --build base=/work/base --build this=. \
+    .venv/bin/python -m benchmarks.served --build base=DIR --build this=. \
         [--build 'this-2t=.|--threads 2'] [--arrivals 1,4,8,16] [--seconds 40] [--neighbour 6]
         [--speech real|synthetic]
 """

@@ -5,7 +5,7 @@ Each build is a checkout started by its own environment's Python, with default f
 given (`benchmarks.served`'s `--build`). Ready is `/health/ready` answering 200: the model
 loaded and its full window timed. Prints one JSON line: per build, the median of each figure.
 
-    .venv/bin/python -m benchmarks.server_start --build base=/work/base --build this=. [--rounds 5]
+    .venv/bin/python -m benchmarks.server_start --build base=DIR --build this=. [--rounds 5]
 """
 
 import argparse
