@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-from benchmarks.conversations import Conversation, Turn, real_voices
+from benchmarks.conversations import Conversation, Turn, cuts, real_voices
 from benchmarks.real_speech import recording, timed_words
 from benchmarks.speech import synthesize
 from clients.audio import SAMPLE_RATE, load_audio_file
@@ -101,25 +101,13 @@ def _reader(audio: np.ndarray, timing: WhisperModel, transcribe: Transcribe) -> 
 
 
 def _turn_pieces(reader: Reader, lengths: list[float]) -> list[tuple[np.ndarray, str]]:
-    """Pieces of about `lengths` seconds of the reader's recording, one after another (again
-    from its start once it runs out), each cut at the quietest 50 ms of its last third, with
-    the words that end in it."""
-    out, at, frame = [], 0, SAMPLE_RATE // 20
-    audio = reader.audio
-    for length in lengths:
-        if len(audio) - at < 2 * SAMPLE_RATE:
-            at = 0
-        want = min(int(length * SAMPLE_RATE), len(audio) - at)
-        lo, hi = at + want * 2 // 3, min(len(audio), at + want * 4 // 3)
-        frames = audio[lo : lo + (hi - lo) // frame * frame].reshape(-1, frame)
-        cut = lo + int(np.argmin(np.square(frames).mean(axis=1))) * frame + frame // 2 if len(frames) else hi
-        words = [
-            w
-            for w, end in zip(reader.words, reader.ends, strict=True)
-            if at / SAMPLE_RATE < end <= cut / SAMPLE_RATE
-        ]
-        out.append((audio[at:cut], " ".join(words)))
-        at = cut
+    """Pieces of about `lengths` seconds of the reader's recording, one after another, each cut
+    at the quietest 50 ms of its last third or the third after, with the words that end in it."""
+    out = []
+    for at, cut in cuts(reader.audio, lengths, SAMPLE_RATE // 20, (2, 3), 2 * SAMPLE_RATE):
+        ends = zip(reader.words, reader.ends, strict=True)
+        words = [w for w, end in ends if at / SAMPLE_RATE < end <= cut / SAMPLE_RATE]
+        out.append((reader.audio[at:cut], " ".join(words)))
     return out
 
 

@@ -46,20 +46,33 @@ def _voiced(audio: np.ndarray) -> np.ndarray:
     return audio[loud[0] : loud[-1] + 1]
 
 
-def _pieces(audio: np.ndarray, lengths: list[float]) -> list[np.ndarray]:
-    """Pieces of about `lengths` seconds each, read from `audio` on and on, each cut at the
-    quietest 0.1 s near its end."""
-    out, at, frame = [], 0, SAMPLE_RATE // 10
+def cuts(
+    audio: np.ndarray, lengths: list[float], frame: int, near: tuple[int, int], restart: int
+) -> list[tuple[int, int]]:
+    """(start, stop) samples of pieces of about `lengths` seconds each, read from `audio` on and
+    on (from its start again once less than `restart` samples are left), each cut at its
+    quietest `frame` samples near the wanted length: from `near` of it (a fraction, numerator
+    and denominator) to as far past it (near = (3, 4): from 3/4 to 5/4 of the length)."""
+    out, at = [], 0
     for length in lengths:
-        if len(audio) - at < SAMPLE_RATE:
+        if len(audio) - at < restart:
             at = 0
         want = min(int(length * SAMPLE_RATE), len(audio) - at)
-        lo, hi = at + want * 3 // 4, min(len(audio), at + want * 5 // 4)
+        lo, hi = (
+            at + want * near[0] // near[1],
+            min(len(audio), at + want * (2 * near[1] - near[0]) // near[1]),
+        )
         frames = audio[lo : lo + (hi - lo) // frame * frame].reshape(-1, frame)
         cut = lo + int(np.argmin(np.square(frames).mean(axis=1))) * frame + frame // 2 if len(frames) else hi
-        out.append(_voiced(audio[at:cut]))
+        out.append((at, cut))
         at = cut
     return out
+
+
+def _pieces(audio: np.ndarray, lengths: list[float]) -> list[np.ndarray]:
+    """Pieces of about `lengths` seconds each, each cut at the quietest 0.1 s within a quarter of
+    its length of its end, without their leading and trailing quiet."""
+    return [_voiced(audio[a:b]) for a, b in cuts(audio, lengths, SAMPLE_RATE // 10, (3, 4), SAMPLE_RATE)]
 
 
 def real_voices() -> list[np.ndarray]:

@@ -231,9 +231,9 @@ class Uploads:
                 elif isinstance(event, Failed):
                     raise UploadRefused(HTTPStatus.INTERNAL_SERVER_ERROR, event.code, event.message)
                 elif isinstance(event, Done):
-                    words = event.words if asked.transcription.word_times or asked.speakers else None
+                    # Timed where the request asked for word times or speakers (`Utterance`).
                     name = LANGUAGE_NAMES.get(language, language)
-                    yield Transcript(event.text, words, event.audio_seconds, name)
+                    yield Transcript(event.text, event.words, event.audio_seconds, name)
                     return
         finally:
             feeder.cancel()

@@ -45,7 +45,6 @@ class FileRequest:
     stream: bool
     logprobs: bool  # `include[]=logprobs`
     words: bool  # `timestamp_granularities[]=word`: verbose_json carries `words`
-    speakers: bool  # `diarized_json`, or voxrt's `diarize=true`: each word's speaker
 
 
 def _field(form: FormData, name: str, limit: int) -> str | None:
@@ -116,7 +115,7 @@ def parse(form: FormData, task: str, spec: ModelSpec) -> FileRequest:
         timed or wants_logprobs or words,
         speakers,
     )
-    return FileRequest(file, model, transcription, response_format, stream, wants_logprobs, words, speakers)
+    return FileRequest(file, model, transcription, response_format, stream, wants_logprobs, words)
 
 
 @dataclass
@@ -189,7 +188,7 @@ def usage(transcript: Transcript) -> dict:
 def render(request: FileRequest, task: str, transcript: Transcript) -> str:
     """The transcript as the request's `response_format`."""
     fmt = request.response_format
-    if fmt == "text" and request.speakers:  # a line per turn, its speaker named
+    if fmt == "text" and request.transcription.speakers:  # a line per turn, its speaker named
         return captions.render(fmt, transcript.text, [_word(w) for w in transcript.words or []])
     if fmt == "text":
         return transcript.text + "\n"
