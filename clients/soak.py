@@ -42,11 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, metavar="OUT.png")
     parser.add_argument("--sample-seconds", type=float, default=5.0, help="how often to read /metrics")
     parser.add_argument("--warmup", type=float, default=0.2, help="share of the run before RSS is judged")
-    parser.add_argument("--max-p95-latency", type=float, default=3.0, help="seconds, server delta latency")
+    parser.add_argument(
+        "--max-p95-latency", type=float, default=3.0, help="seconds, server delta latency, in every window"
+    )
+    parser.add_argument("--window", type=parse_duration, default=30.0, help="the span a stall is judged over")
     parser.add_argument("--max-rss-growth", type=float, default=200.0, help="MB after warm-up")
+    parser.add_argument("--max-rss-slope", type=float, default=100.0, help="MB per hour after warm-up")
     parser.add_argument("--api-key", default=None)
     # Behind a balancer: each replica's http://host:port, for its /metrics (default: --url's server).
     parser.add_argument("--metrics", nargs="+", default=None, metavar="HTTP_BASE")
+
+
+LATENCY_BUCKET = "voxrt_delta_latency_seconds_bucket"
 
 
 def scrape(http_bases: list[str]) -> dict[str, float]:
@@ -57,7 +64,7 @@ def scrape(http_bases: list[str]) -> dict[str, float]:
             text = response.read().decode()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == "voxrt_delta_latency_seconds_bucket":
+                if sample.name == LATENCY_BUCKET:
                     key = f"le={sample.labels['le']}"
                 elif not sample.labels:
                     key = sample.name
@@ -81,6 +88,24 @@ def histogram_quantile(before: dict[str, float], after: dict[str, float], q: flo
             return previous_bound + (bound - previous_bound) * share
         previous_bound, previous_count = bound, count
     return previous_bound
+
+
+def worst_window_p95(
+    scrapes: list[tuple[float, dict[str, float]]], window: float
+) -> tuple[float, float] | None:
+    """(p95 delta latency, when it ended) of the worst span of at least `window` seconds
+    between two scrapes: a stall of half a minute is what users feel, and a run's p95 over
+    an hour hides it."""
+    worst, start = None, 0
+    for t, after in scrapes:
+        while start + 1 < len(scrapes) and t - scrapes[start + 1][0] >= window:
+            start += 1
+        if t - scrapes[start][0] < window:
+            continue
+        p95 = histogram_quantile(scrapes[start][1], after, 0.95)
+        if p95 is not None and (worst is None or p95 > worst[0]):
+            worst = (p95, t)
+    return worst
 
 
 @dataclass
@@ -152,21 +177,23 @@ async def worker(
         await connection.close()
 
 
-def rss_slope_mb_per_hour(samples: list[dict], warmup_until: float) -> float:
-    """The least-squares line through RSS after the warm-up: a server's RSS saw-tooths by a
-    hundred MB as windows are allocated and the heap is trimmed, so two samples say little."""
+def rss_slope_mb_per_hour(samples: list[dict], warmup_until: float) -> tuple[float, float]:
+    """The least-squares line's slope through RSS after the warm-up, and its standard error:
+    a server's RSS saw-tooths as windows are allocated and the heap is trimmed, so two
+    samples say little, and a short run's slope is told from its noise by the error."""
     points = [(s["t"], s["rss_mb"]) for s in samples if s["t"] >= warmup_until]
-    if len(points) < 3:
-        return 0.0
+    if len(points) < 4:
+        return 0.0, float("inf")
     t, rss = np.array(points).T
-    return float(np.polyfit(t / 3600, rss, 1)[0])
+    (slope, _), cov = np.polyfit(t / 3600, rss, 1, cov=True)
+    return float(slope), float(np.sqrt(cov[0, 0]))
 
 
 def rss_growth_mb(samples: list[dict], warmup_until: float) -> float:
     """What that line rose over the run after the warm-up."""
     times = [s["t"] for s in samples if s["t"] >= warmup_until]
     span_hours = (times[-1] - times[0]) / 3600 if times else 0.0
-    return rss_slope_mb_per_hour(samples, warmup_until) * span_hours
+    return rss_slope_mb_per_hour(samples, warmup_until)[0] * span_hours
 
 
 async def soak(args: argparse.Namespace, audios: list[np.ndarray]) -> dict:
@@ -176,6 +203,7 @@ async def soak(args: argparse.Namespace, audios: list[np.ndarray]) -> dict:
     started = time.monotonic()
     deadline = started + args.duration
     first = previous = scrape(http_bases)
+    scrapes = [(0.0, first)]  # (seconds into the run, values) for the windows' latency
     workers = [asyncio.create_task(worker(i, args, audios, deadline, state)) for i in range(args.sessions)]
     try:
         from tqdm import tqdm
@@ -187,6 +215,7 @@ async def soak(args: argparse.Namespace, audios: list[np.ndarray]) -> dict:
         await asyncio.sleep(min(args.sample_seconds, max(0.0, deadline - time.monotonic())))
         now = scrape(http_bases)
         t = time.monotonic() - started
+        scrapes.append((t, {k: v for k, v in now.items() if k.startswith("le=")}))
         samples.append(
             {
                 "t": round(t, 2),
@@ -219,6 +248,8 @@ async def soak(args: argparse.Namespace, audios: list[np.ndarray]) -> dict:
         end = scrape(http_bases)
     warmup_until = args.duration * args.warmup
     quantiles = {q: histogram_quantile(first, end, q) for q in (0.5, 0.95, 0.99)}
+    worst = worst_window_p95(scrapes, args.window)
+    slope, slope_error = rss_slope_mb_per_hour(samples, warmup_until)
     return {
         "url": args.url,
         "sessions": args.sessions,
@@ -230,6 +261,13 @@ async def soak(args: argparse.Namespace, audios: list[np.ndarray]) -> dict:
         "latency_s": {
             f"p{int(q * 100)}": (round(v, 3) if v is not None else None) for q, v in quantiles.items()
         },
+        "worst_window": {
+            "seconds": args.window,
+            "p95_s": round(worst[0], 3),
+            "ended_at_s": round(worst[1], 1),
+        }
+        if worst
+        else None,
         "final_latency_s_p95": round(float(np.percentile(state.final_latencies, 95)), 3)
         if state.final_latencies
         else None,
@@ -237,12 +275,14 @@ async def soak(args: argparse.Namespace, audios: list[np.ndarray]) -> dict:
         "refusals": {str(status): n for status, n in state.refusals.items()},
         "reconnects": state.reconnects,
         "sheds": state.sheds,
+        "server_sheds": end.get("voxrt_sheds_total", 0) - first.get("voxrt_sheds_total", 0),
         "rss_mb": {
             "start": samples[0]["rss_mb"] if samples else None,
             "end": round(end["process_resident_memory_bytes"] / 2**20, 2),
         },
         "rss_growth_after_warmup_mb": round(rss_growth_mb(samples, warmup_until), 2),
-        "rss_slope_mb_per_hour": round(rss_slope_mb_per_hour(samples, warmup_until), 2),
+        "rss_slope_mb_per_hour": round(slope, 2),
+        "rss_slope_stderr_mb_per_hour": round(slope_error, 2),
         "encoder_cache_rows_after": end.get("voxrt_encoder_cache_rows", 0),
         "kv_slots_after": end.get("voxrt_kv_slots_used", 0),
         "feature_cache_hit_rate": round(
@@ -265,6 +305,14 @@ def verdict(report: dict, args: argparse.Namespace) -> list[str]:
     p95 = report["latency_s"]["p95"]
     if p95 is not None and p95 > args.max_p95_latency:
         failures.append(f"p95 delta latency {p95:.2f} s > {args.max_p95_latency} s")
+    if (worst := report["worst_window"]) and worst["p95_s"] > args.max_p95_latency:
+        failures.append(
+            f"a stall: p95 delta latency {worst['p95_s']:.2f} s > {args.max_p95_latency} s over the"
+            f" {worst['seconds']:.0f} s ending {worst['ended_at_s']:.0f} s into the run"
+        )
+    # Admission refuses at the door; an admitted session closed mid-sentence is a broken promise.
+    if sheds := max(report["sheds"], report["server_sheds"]):
+        failures.append(f"{sheds:.0f} admitted sessions shed")
     if report["encoder_cache_rows_after"] != 0:
         failures.append(
             f"{report['encoder_cache_rows_after']:.0f} encoder-cache rows still referenced "
@@ -275,6 +323,13 @@ def verdict(report: dict, args: argparse.Namespace) -> list[str]:
     if report["rss_growth_after_warmup_mb"] > args.max_rss_growth:
         failures.append(
             f"RSS grew {report['rss_growth_after_warmup_mb']:.0f} MB after warm-up > {args.max_rss_growth} MB"
+        )
+    # A slow leak grows little in ten minutes and a gigabyte in a day: the rate is judged too,
+    # once it stands out of the saw-tooth by two standard errors.
+    slope, error = report["rss_slope_mb_per_hour"], report["rss_slope_stderr_mb_per_hour"]
+    if slope - 2 * error > args.max_rss_slope:
+        failures.append(
+            f"RSS grows {slope:.0f} ± {2 * error:.0f} MB/h after warm-up > {args.max_rss_slope} MB/h"
         )
     if report["utterances"] == 0:
         failures.append("no utterance completed")

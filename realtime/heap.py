@@ -5,7 +5,7 @@ import asyncio
 import ctypes
 import gc
 
-TRIM_SECONDS = 60.0
+TRIM_SECONDS = 10.0
 
 
 def settle() -> None:

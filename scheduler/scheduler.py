@@ -190,7 +190,10 @@ class Scheduler:
         # A request that had audio but got nothing goes first next step: that bounds
         # how long any request waits, however busy the others are.
         self._cursor = first_blocked if first_blocked is not None else self._cursor + 1
-        out.freed_mm_hashes = self.encoder_cache.get_freed_mm_hashes()
+        if out.scheduled:
+            # Only a step that runs reaches the runner: taken by one that schedules nothing,
+            # they would be lost and the runner would hold their tensors for good.
+            out.freed_mm_hashes = self.encoder_cache.get_freed_mm_hashes()
         return out
 
     def _schedule_encoder_inputs(

@@ -299,38 +299,81 @@ def test_soak_catches_a_leaking_server(whisper_model, tmp_path):
     assert "encoder-cache rows still referenced" in result.stderr
 
 
-def soak_report(rss_mb: list[float]) -> dict:
+def soak_report(rss_mb: list[float], **changes) -> dict:
     """What `soak` reports for a clean run whose server RSS was sampled every 10 s."""
     samples = [{"t": 10.0 * i, "rss_mb": rss} for i, rss in enumerate(rss_mb)]
-    return {
+    report = {
         "errors": {},
         "latency_s": {"p95": 0.5},
+        "worst_window": {"seconds": 30.0, "p95_s": 0.8, "ended_at_s": 40.0},
+        "sheds": 0,
+        "server_sheds": 0,
         "encoder_cache_rows_after": 0,
         "kv_slots_after": 0,
         "utterances": 10,
         "rss_growth_after_warmup_mb": soak.rss_growth_mb(samples, warmup_until=20.0),
     }
+    slope, error = soak.rss_slope_mb_per_hour(samples, warmup_until=20.0)
+    return report | {"rss_slope_mb_per_hour": slope, "rss_slope_stderr_mb_per_hour": error} | changes
+
+
+SOAK_BOUNDS = argparse.Namespace(max_p95_latency=3.0, max_rss_growth=200.0, max_rss_slope=100.0)
 
 
 def test_soak_fails_a_server_whose_memory_grows_and_passes_one_that_holds_flat():
-    args = argparse.Namespace(max_p95_latency=3.0, max_rss_growth=200.0)
+    args = SOAK_BOUNDS
     # Loading grows RSS during warm-up; that is not a leak.
     flat = soak_report([300, 700, 760, 762, 761, 763, 760, 762])
     assert soak.verdict(flat, args) == []
     leaking = soak_report([300, 700, 760, 820, 880, 940, 1000, 1060])
     failures = soak.verdict(leaking, args)
-    assert len(failures) == 1 and "RSS grew 300 MB after warm-up" in failures[0]
+    assert "RSS grew 300 MB after warm-up > 200.0 MB" in failures[0], failures
     # Windows allocated, then the heap trimmed: a saw-tooth whose last tooth is no leak.
     sawtooth = soak_report([300, 700, 650, 870, 640, 880, 660, 860, 650, 870])
     assert soak.verdict(sawtooth, args) == []
 
 
+def test_a_ten_minute_soak_fails_a_leak_of_a_gigabyte_an_hour():
+    """Ten minutes of a 1 GB/h leak grow the server 130 MB after warm-up: under the total's
+    bound, over the rate's."""
+    rng = np.random.default_rng(0)
+    rss = [700 + 1000 * 10 * i / 3600 + rng.normal(0, 20) for i in range(60)]
+    failures = soak.verdict(soak_report(rss), SOAK_BOUNDS)
+    assert len(failures) == 1 and failures[0].startswith("RSS grows ") and "MB/h after warm-up" in failures[0]
+    flat = [700 + rng.normal(0, 20) for _ in range(60)]
+    assert soak.verdict(soak_report(flat), SOAK_BOUNDS) == []
+
+
 def test_soak_fails_a_server_slower_than_the_operators_latency_bound():
-    report = soak_report([300, 700, 760, 762, 761, 763, 760, 762]) | {"latency_s": {"p95": 4.8}}
-    assert soak.verdict(report, argparse.Namespace(max_p95_latency=3.0, max_rss_growth=200.0)) == [
-        "p95 delta latency 4.80 s > 3.0 s"
+    report = soak_report([300, 700, 760, 762, 761, 763, 760, 762], latency_s={"p95": 4.8})
+    assert soak.verdict(report, SOAK_BOUNDS) == ["p95 delta latency 4.80 s > 3.0 s"]
+    assert soak.verdict(report, argparse.Namespace(**vars(SOAK_BOUNDS) | {"max_p95_latency": 5.0})) == []
+
+
+def test_soak_fails_a_stall_its_whole_run_hides_and_any_shed():
+    stalled = soak_report([700] * 8, worst_window={"seconds": 30.0, "p95_s": 9.2, "ended_at_s": 250.0})
+    assert soak.verdict(stalled, SOAK_BOUNDS) == [
+        "a stall: p95 delta latency 9.20 s > 3.0 s over the 30 s ending 250 s into the run"
     ]
-    assert soak.verdict(report, argparse.Namespace(max_p95_latency=5.0, max_rss_growth=200.0)) == []
+    assert soak.verdict(soak_report([700] * 8, server_sheds=4), SOAK_BOUNDS) == ["4 admitted sessions shed"]
+    assert soak.verdict(soak_report([700] * 8, sheds=1), SOAK_BOUNDS) == ["1 admitted sessions shed"]
+
+
+def test_the_worst_window_is_read_between_scrapes_a_window_apart():
+    """Cumulative histograms scraped every 10 s: one stall of 10 s inside a long calm run."""
+    scrapes, fast, slow = [], 0.0, 0.0
+    for i in range(31):
+        t = 10.0 * i
+        if t == 160.0:
+            slow += 10
+        else:
+            fast += 10
+        buckets = {"le=0.5": fast, "le=10.0": fast + slow, "le=+Inf": fast + slow}
+        scrapes.append((t, buckets))
+    p95, ended_at = soak.worst_window_p95(scrapes, 30.0)
+    assert p95 > 3.0 and 160.0 <= ended_at <= 180.0
+    assert soak.histogram_quantile(scrapes[0][1], scrapes[-1][1], 0.95) < 3.0
+    assert soak.worst_window_p95(scrapes[:3], 30.0) is None
 
 
 @pytest.mark.slow

@@ -220,3 +220,28 @@ def test_drop_placeholders_leaves_the_resolved_tokens():
     request.resolve([7])
     request.drop_placeholders()
     assert request.output_token_ids == [7] and request.num_placeholders == 0
+
+
+@pytest.mark.parametrize("keep_unreferenced", [False, True])
+def test_what_the_cache_frees_reaches_the_runner_with_the_next_step_that_runs(keep_unreferenced):
+    """A step that schedules nothing never reaches the runner: the hashes freed before it wait
+    for one that does, or the runner would hold their tensors for good."""
+    config = SchedulerConfig(
+        max_positions_per_step=8,
+        max_encoder_rows_per_step=8,
+        encoder_cache_rows=8,
+        keep_unreferenced_encoder_outputs=keep_unreferenced,
+    )
+    scheduler = Scheduler(config)
+    handed: list[str] = []
+    for i, tag in enumerate("abc"):
+        request = Request(f"s{i}")
+        scheduler.add_request(request)
+        feed(request, 8, tag)  # each item fills the cache: the next evicts it if it was kept
+        out = scheduler.schedule()
+        assert [s.request for s in out.scheduled] == [request]
+        handed += out.freed_mm_hashes
+        scheduler.finish_request(request.request_id)
+        idle = scheduler.schedule()  # nothing to do: not submitted
+        assert not idle.scheduled and idle.freed_mm_hashes == []
+    assert handed == ["a8", "b8"]

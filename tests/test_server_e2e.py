@@ -269,6 +269,26 @@ def test_client_that_vanishes_mid_stream_leaves_nothing(server, welcome):
     assert metrics["voxrt_feature_cache_bytes"] <= server.engine.feature_cache.capacity_bytes
 
 
+@pytest.mark.slow
+def test_sessions_that_come_and_go_leave_no_audio_behind(server, welcome):
+    """Churn: sessions of distinct audio end one after another. What they referenced goes with
+    them: live audio repeats too rarely for a cache of windows to pay, and one that kept them
+    grew the server for as long as distinct sessions came."""
+    samples, _ = welcome
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        with server.connect() as ws:
+            stream(ws, samples[: 16000 * 4] + rng.normal(0, 1e-3, 16000 * 4).astype(np.float32))
+            events_until(ws, "transcription.done", timeout=120)
+    metrics = wait_until_idle(server)
+    assert metrics["voxrt_encoder_cache_rows"] == 0
+    assert metrics["voxrt_encoder_cache_resident_rows"] == 0
+    # The runner holds an item's log-mel only while it is referenced, or until the next step
+    # that runs tells it the item went.
+    cache = server.engine.scheduler.encoder_cache
+    assert set(server.engine.runner.store) <= set(cache.refs) | set(cache.freed)
+
+
 def test_client_that_stops_reading_is_closed(whisper_model, welcome):
     """A client that sends and never reads is closed, its seat freed, while a session streaming
     beside it gets its whole text."""

@@ -17,5 +17,7 @@ class EngineConfig:
     max_session_seconds: float = field(
         default=4 * 3600.0, metadata=setting("an utterance past this ends with session_too_long", least=1)
     )
-    feature_cache_bytes: int = 64 << 20
+    # Live audio repeats rarely (digital silence, a client's retry): a few minutes of log-mel
+    # keep those, and a server that churns through distinct sessions does not fill more.
+    feature_cache_bytes: int = 16 << 20
     capacity: CapacityConfig = field(default_factory=CapacityConfig)

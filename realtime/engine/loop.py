@@ -274,6 +274,19 @@ class Engine:
             if output.num_tokens and (u := self.utterances.get(rid)) is not None and not u.request.priority
         ]
         self.capacity.record(time.monotonic(), result.model_seconds, windows)
+        if result.model_seconds > self.config.capacity.max_lag_seconds / 2:
+            # One such step takes every session halfway to the lag that refuses newcomers: what
+            # it decoded is what a stall is read from (a window's tokens show a loop).
+            log.warning(
+                "engine.slow_step",
+                model_seconds=round(result.model_seconds, 3),
+                utterances=len(out.scheduled),
+                decodes=[
+                    (rid[-8:], round(output.window_seconds, 1), output.num_tokens, bool(output.turn_ended))
+                    for rid, output in outputs
+                    if output.num_tokens
+                ],
+            )
         if self.on_step is not None:
             self.on_step(result.model_seconds, len(windows))
         updates = {rid: output.update for rid, output in outputs if output.update is not None}

@@ -89,6 +89,9 @@ class WhisperRunner:
             max_positions_per_step=max_sessions * window,
             max_encoder_rows_per_step=max_sessions * window,
             encoder_cache_rows=max_sessions * window,
+            # Its "encoder outputs" are the log-mel the feature cache holds too: identical audio
+            # is found there, and kept here as well the same bytes would be held twice.
+            keep_unreferenced_encoder_outputs=False,
             retains_window=True,
         )
 
