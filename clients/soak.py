@@ -17,8 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.protocol import State
 
-from clients.audio import UnreadableAudio, distinct_audio, load_audio_file
+from clients.audio import SAMPLE_RATE, UnreadableAudio, distinct_audio, load_audio_file
 from clients.connection import reopened, stream_utterance
+from clients.openai_turns import RATE as OPENAI_RATE
+from clients.openai_turns import stream_turns
 from clients.stream import DEFAULT_URL
 
 SAMPLE = Path(__file__).resolve().parent / "samples" / "welcome.wav"
@@ -37,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=parse_duration, default=parse_duration("10m"))
     parser.add_argument("--speed", type=float, default=1.0, help="pace at X times real time")
     parser.add_argument("--churn", action="store_true", help="end and reconnect after every file")
+    parser.add_argument(
+        "--wire",
+        choices=("vllm", "openai"),
+        default="vllm",
+        help="vLLM's (one utterance per file) or OpenAI's (the server's VAD commits each turn)",
+    )
     parser.add_argument("--audio", nargs="+", default=[str(SAMPLE)], metavar="FILE")
     parser.add_argument("--report", default=None, metavar="OUT.json")
     parser.add_argument("--plot", default=None, metavar="OUT.png")
@@ -131,33 +139,40 @@ async def worker(
     def refused(exc: InvalidStatus) -> None:
         state.refusals[exc.response.status_code] += 1
 
+    url = args.url + ("?intent=transcription" if args.wire == "openai" else "")
+    rate = OPENAI_RATE if args.wire == "openai" else SAMPLE_RATE
     while time.monotonic() < deadline:
         try:
             if connection is not None and connection.state is not State.OPEN:
                 state.reconnects += 1
             connection = await reopened(
-                connection, args.url, args.api_key, max(0.0, deadline - time.monotonic()), refused
+                connection, url, args.api_key, max(0.0, deadline - time.monotonic()), refused
             )
             if args.churn:
                 samples = audios[turn % len(audios)]
             else:  # one long session: the files back to back until the deadline
-                reps = max(1, int((deadline - time.monotonic()) * args.speed / (len(audios[0]) / 16000)) + 1)
+                reps = max(1, int((deadline - time.monotonic()) * args.speed / (len(audios[0]) / rate)) + 1)
                 samples = np.concatenate([audios[(turn + k) % len(audios)] for k in range(reps)])
             # Each session's audio, and each repeat of it, its own: caches are not flattered.
             samples = distinct_audio(samples, (i, turn))
             turn += 1
             sent_at = time.monotonic()
-            result = await stream_utterance(connection, samples, 100, args.speed)
-            for error in result.errors:
+            if args.wire == "openai":
+                turns = await stream_turns(connection, samples, 100, args.speed)
+                errors, done, deltas = turns.errors, turns.done, turns.deltas
+            else:
+                result = await stream_utterance(connection, samples, 100, args.speed)
+                errors, done, deltas = result.errors, result.done is not None, len(result.deltas)
+            for error in errors:
                 if error.get("code") == "server_overloaded":
                     state.sheds += 1
                 else:
                     state.errors[error.get("code", "unknown")] += 1
-            if result.done is not None:
-                state.final_latencies.append(time.monotonic() - sent_at - len(samples) / 16000 / args.speed)
+            if done:
+                state.final_latencies.append(time.monotonic() - sent_at - len(samples) / rate / args.speed)
                 state.utterances += 1
-                state.audio_seconds += len(samples) / 16000
-                state.deltas += len(result.deltas)
+                state.audio_seconds += len(samples) / rate
+                state.deltas += deltas
             if args.churn:
                 await connection.close()
                 connection = None
@@ -341,7 +356,10 @@ def run(args: argparse.Namespace) -> int:
         print("voxrt soak: --sessions, --duration and --speed must be positive", file=sys.stderr)
         return 2
     try:
-        audios = [load_audio_file(path) for path in args.audio]
+        audios = [
+            load_audio_file(path, OPENAI_RATE if args.wire == "openai" else SAMPLE_RATE)
+            for path in args.audio
+        ]
     except UnreadableAudio as exc:
         print(f"voxrt soak: {exc}", file=sys.stderr)
         return 2

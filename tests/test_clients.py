@@ -242,12 +242,15 @@ def test_soak_without_matplotlib_refuses_a_plot_before_it_runs(server, monkeypat
 
 
 @pytest.mark.slow
-def test_soak_passes_on_a_healthy_server(server, tmp_path):
+@pytest.mark.parametrize("wire", ["vllm", "openai"])
+def test_soak_passes_on_a_healthy_server(server, tmp_path, wire):
     report, plot = tmp_path / "report.json", tmp_path / "soak.png"
     result = voxrt(
         "soak",
         "--url",
         server.url,
+        "--wire",
+        wire,
         "--sessions",
         "2",
         "--duration",

@@ -1,6 +1,7 @@
 """Pick a model family for `--model` and load it on the chosen device."""
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,11 @@ from voxtral.whisper.runner import WhisperRunner
 from voxtral.whisper.weights import BASE, TINY_EN, embedded_whisper_dir
 
 DEFAULT_MODEL = TINY_EN
+# oneDNN keeps a kernel, with buffers of its own, for every input shape it has met, up to 1,024 of
+# them by default; a Whisper window comes in hundreds of lengths (its convolutions and int8
+# projections each meet every one), so a server grew by a couple of hundred MB as they came. A
+# step's layers share its shapes, and a kernel made again costs little beside a window's products.
+ONEDNN_KERNELS = 128
 
 
 @dataclass
@@ -84,6 +90,8 @@ def load_model(
     decodes that many windows at once, each on one torch thread (`WhisperRunner`); else torch
     runs on that many threads.
     """
+    # Read once, by the first oneDNN call; an operator's own setting stands.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS))
     with ThreadPoolExecutor(1, thread_name_prefix="voxrt-load") as pool:
         loaded = pool.submit(_load_model, model, device, dtype, max_sessions, cores).result()
         if cores is not None:
