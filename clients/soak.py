@@ -4,6 +4,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import math
 import re
 import sys
 import time
@@ -61,9 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", nargs="+", default=None, metavar="HTTP_BASE")
 
 
-LATENCY_BUCKET = "voxrt_delta_latency_seconds_bucket"
-
-
 def scrape(http_bases: list[str]) -> dict[str, float]:
     """Every server's /metrics, summed: replicas behind a balancer are read one by one."""
     values: dict[str, float] = {}
@@ -72,7 +70,7 @@ def scrape(http_bases: list[str]) -> dict[str, float]:
             text = response.read().decode()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == LATENCY_BUCKET:
+                if sample.name == "voxrt_delta_latency_seconds_bucket":
                     key = f"le={sample.labels['le']}"
                 elif not sample.labels:
                     key = sample.name
@@ -297,7 +295,8 @@ async def soak(args: argparse.Namespace, audios: list[np.ndarray]) -> dict:
         },
         "rss_growth_after_warmup_mb": round(rss_growth_mb(samples, warmup_until), 2),
         "rss_slope_mb_per_hour": round(slope, 2),
-        "rss_slope_stderr_mb_per_hour": round(slope_error, 2),
+        # None: too few samples after the warm-up to fit a line through.
+        "rss_slope_stderr_mb_per_hour": round(slope_error, 2) if math.isfinite(slope_error) else None,
         "encoder_cache_rows_after": end.get("voxrt_encoder_cache_rows", 0),
         "kv_slots_after": end.get("voxrt_kv_slots_used", 0),
         "feature_cache_hit_rate": round(
@@ -342,7 +341,7 @@ def verdict(report: dict, args: argparse.Namespace) -> list[str]:
     # A slow leak grows little in ten minutes and a gigabyte in a day: the rate is judged too,
     # once it stands out of the saw-tooth by two standard errors.
     slope, error = report["rss_slope_mb_per_hour"], report["rss_slope_stderr_mb_per_hour"]
-    if slope - 2 * error > args.max_rss_slope:
+    if error is not None and slope - 2 * error > args.max_rss_slope:
         failures.append(
             f"RSS grows {slope:.0f} ± {2 * error:.0f} MB/h after warm-up > {args.max_rss_slope} MB/h"
         )

@@ -317,7 +317,8 @@ def soak_report(rss_mb: list[float], **changes) -> dict:
         "rss_growth_after_warmup_mb": soak.rss_growth_mb(samples, warmup_until=20.0),
     }
     slope, error = soak.rss_slope_mb_per_hour(samples, warmup_until=20.0)
-    return report | {"rss_slope_mb_per_hour": slope, "rss_slope_stderr_mb_per_hour": error} | changes
+    slope_report = {"rss_slope_mb_per_hour": slope, "rss_slope_stderr_mb_per_hour": error}
+    return report | slope_report | changes
 
 
 SOAK_BOUNDS = argparse.Namespace(max_p95_latency=3.0, max_rss_growth=200.0, max_rss_slope=100.0)
