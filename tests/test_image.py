@@ -62,7 +62,8 @@ def test_the_image_serves_and_transcribes(container):
         for path in ("/health/live", "/health/ready"):  # and from inside it
             answer = inside(container, "python3", "-c", probe, http + path, timeout=300)
             assert answer.stdout.strip() == "200", answer.stderr
-        assert inside(container, "id", "-un", timeout=300).stdout.strip() == "voxrt"
+        user = inside(container, "id", "-un", timeout=300)
+        assert user.stdout.strip() == "voxrt", (user.returncode, user.stderr)
         client = subprocess.run(
             [
                 sys.executable,

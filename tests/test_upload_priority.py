@@ -3,14 +3,14 @@ live utterance's (tests/test_scheduler.py), and its windows decode on a lane of 
 one at a time, beside the live steps: a live window never waits for an upload's."""
 
 import threading
-import time
+from concurrent.futures import wait
 
 import numpy as np
 
 from benchmarks.real_speech import recording
 from benchmarks.text import word_error_rate
 from realtime.engine.events import Done
-from realtime.engine.loop import IDLE_SECONDS, Engine
+from realtime.engine.loop import Engine
 from tests.engine_events import listen
 
 CHUNK = 1600  # 100 ms, as a live client sends
@@ -26,12 +26,17 @@ def done_text(events: list) -> str:
     return next(e.text for e in events if isinstance(e, Done))
 
 
+def uploads_decoded(engine: Engine) -> None:
+    """Until the upload lane's windows in decoding are done: the step after delivers them."""
+    wait([decoding.hypothesis for decoding in list(engine.runner.uploading.values())])
+
+
 def run_to_the_end(engine: Engine) -> None:
-    """Steps until every utterance is done, pausing between them as the engine's own loop
-    waits after a step that did nothing: a loop that spun would starve the upload's lane."""
+    """Steps until every utterance is done; a step that finds an upload's window in decoding
+    waits for it, where the engine's own loop would step on beside it."""
     engine.run_once()
     while engine.utterances:
-        time.sleep(IDLE_SECONDS)
+        uploads_decoded(engine)
         engine.run_once()
 
 
@@ -83,7 +88,7 @@ def test_an_upload_decodes_beside_live_speech_a_window_at_a_time(whisper_runner,
     for rest in range(uploaded, len(upload), UPLOAD_CHUNK):
         engine.add_audio("upload", upload[rest : rest + UPLOAD_CHUNK])
         engine.run_once()
-        time.sleep(IDLE_SECONDS)
+        uploads_decoded(engine)
     engine.finish_input("upload")
     run_to_the_end(engine)
 

@@ -2,7 +2,7 @@
 
 Each rule masks, in place, the tokens a row may not choose next, given what the row holds
 so far (forced and generated tokens, timestamps included); transformers' logits
-processors are the model. `WhisperModel.decode` applies `whisper_rules` to every step.
+processors are the model. `WhisperModel` applies its `rules` (`apply`) to every step.
 
 A row is a whole vocabulary, and every token a row decodes passes through these: masks are
 added (0 or -inf, which leaves every other score as it was, bit for bit), because torch's
