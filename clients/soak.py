@@ -24,6 +24,7 @@ from clients.openai_turns import RATE as OPENAI_RATE
 from clients.openai_turns import stream_turns
 from clients.stream import DEFAULT_URL
 
+MIN_SLOPE_SECONDS = 300.0  # the span after the warm-up a rate of growth is judged over, at least
 SAMPLE = Path(__file__).resolve().parent / "samples" / "welcome.wav"
 
 
@@ -193,13 +194,16 @@ async def worker(
 def rss_slope_mb_per_hour(samples: list[dict], warmup_until: float) -> tuple[float, float]:
     """The least-squares line's slope through RSS after the warm-up, and its standard error:
     a server's RSS saw-tooths as windows are allocated and the heap is trimmed, so two
-    samples say little, and a short run's slope is told from its noise by the error."""
+    samples say little, and a short run's slope is told from its noise by the error. Over
+    less than `MIN_SLOPE_SECONDS` the error is unbounded: a server still warming (its first
+    sessions' buffers, on a busy machine) rises as steeply as a leak."""
     points = [(s["t"], s["rss_mb"]) for s in samples if s["t"] >= warmup_until]
     if len(points) < 4:
-        return 0.0, float("inf")
+        return 0.0, math.inf
     t, rss = np.array(points).T
     (slope, _), cov = np.polyfit(t / 3600, rss, 1, cov=True)
-    return float(slope), float(np.sqrt(cov[0, 0]))
+    error = float(np.sqrt(cov[0, 0])) if t[-1] - t[0] >= MIN_SLOPE_SECONDS else math.inf
+    return float(slope), error
 
 
 def rss_growth_mb(samples: list[dict], warmup_until: float) -> float:
