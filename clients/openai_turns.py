@@ -3,7 +3,6 @@ session whose turns the server's VAD ends, 24 kHz PCM16 paced in real time, then
 the server committed until it completes."""
 
 import asyncio
-import base64
 import json
 import time
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from clients.audio import float32_to_pcm16
+from clients.connection import send_audio
 
 RATE = 24000  # what OpenAI's wire carries: `audio/pcm` at 24 kHz
 TRAILING_SILENCE_SECONDS = 1.0  # after the recording: the VAD hears its last turn end
@@ -57,8 +56,7 @@ async def stream_turns(
         chunk, started = RATE * chunk_ms // 1000, time.monotonic()
         for offset in range(0, len(audio), chunk):
             await asyncio.sleep(max(0.0, started + (offset + chunk) / RATE / speed - time.monotonic()))
-            data = base64.b64encode(float32_to_pcm16(audio[offset : offset + chunk])).decode()
-            await connection.send(json.dumps({"type": "input_audio_buffer.append", "audio": data}))
+            await send_audio(connection, audio[offset : offset + chunk])  # the same event as vLLM's
         if speaking:
             await connection.send(json.dumps({"type": "input_audio_buffer.commit"}))
         sent.set()
