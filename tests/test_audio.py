@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -5,6 +7,7 @@ from transformers import WhisperFeatureExtractor
 
 from clients.audio import float32_to_pcm16
 from voxtral.audio import RIGHT_CONTEXT, normalize_log_mel, pcm16_to_float32, raw_log_mel
+from voxtral.g711 import alaw_to_float32, mulaw_to_float32
 
 
 def test_pcm16_round_trip_and_odd_bytes():
@@ -67,3 +70,12 @@ def test_any_chunking_gives_bit_identical_frames(welcome):
 def test_features_of_a_chunk_need_hop_multiples():
     with pytest.raises(ValueError):
         raw_log_mel(np.zeros(100, np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32))
+
+
+def test_g711_decodes_every_code_as_the_standard_librarys_coder_does():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # audioop: the reference decoder here
+        import audioop
+    codes = bytes(range(256))
+    for decoded, reference in ((mulaw_to_float32, audioop.ulaw2lin), (alaw_to_float32, audioop.alaw2lin)):
+        assert np.array_equal(decoded(codes) * 32768, np.frombuffer(reference(codes, 2), "<i2"))

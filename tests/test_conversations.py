@@ -1,6 +1,7 @@
 """A real telephone call (the conversation set's `call`: two women, quiet, short turns) is heard
 on every path however fast its audio comes: uploaded, streamed unpaced, at 5x real time, on
-both wires; narrowed to a phone line's 8 kHz mu-law and made quieter still, too. Silence,
+both wires; narrowed to a phone line's 8 kHz mu-law and made quieter still, too, and sent as
+G.711 itself on OpenAI's wire. Silence,
 noise and music, sent the same ways, still give no text.
 
 Sent faster than real time, a turn reaches the decoder as one long window; tiny.en loops on
@@ -11,6 +12,8 @@ segment the loop began in, and the whole call came back empty (`WindowDecoder._w
 import asyncio
 import base64
 import io
+import warnings
+from collections.abc import Callable
 
 import numpy as np
 import openai
@@ -87,24 +90,57 @@ def test_a_call_uploaded_gives_its_words_every_run(server, call):
         )
 
 
-def test_a_call_sent_unpaced_on_openais_wire_gives_its_words(server, call):
-    """One item, committed by hand once all of it is sent, as a client uploading a recording does."""
+def pcm16(audio: np.ndarray) -> bytes:
+    return float32_to_pcm16(soxr.resample(audio, 16000, 24000))
+
+
+def g711(law: str) -> Callable[[np.ndarray], bytes]:
+    """A phone line's coding of 16 kHz audio, by the standard library's G.711 coder."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # audioop: the reference coder here
+        import audioop
+
+    def coded(audio: np.ndarray) -> bytes:
+        linear = float32_to_pcm16(soxr.resample(audio, 16000, 8000))
+        return audioop.lin2ulaw(linear, 2) if law == "mu" else audioop.lin2alaw(linear, 2)
+
+    return coded
+
+
+@pytest.mark.parametrize(
+    ("audio_format", "coded", "bytes_per_tenth"),
+    [
+        ({"type": "audio/pcm", "rate": 24000}, pcm16, 4800),
+        ({"type": "audio/pcmu"}, g711("mu"), 800),
+        ({"type": "audio/pcma"}, g711("a"), 800),
+    ],
+    ids=["pcm", "pcmu", "pcma"],
+)
+def test_a_call_sent_unpaced_on_openais_wire_gives_its_words(
+    server, call, audio_format, coded, bytes_per_tenth
+):
+    """One item, committed by hand once all of it is sent, as a client uploading a recording
+    does: as 24 kHz PCM, and as a phone line carries it (G.711 mu-law and A-law at 8 kHz)."""
     sdk = AsyncOpenAI(
         api_key="unused", base_url=server.http + "/v1", websocket_base_url=server.url[: -len("/realtime")]
     )
-    audio = soxr.resample(call.audio, 16000, 24000)
-    pcm = {"type": "audio/pcm", "rate": 24000}
+    data = coded(call.audio)
 
     async def run() -> str:
         async with sdk.realtime.connect(extra_query={"intent": "transcription"}) as connection:
-            session = {"type": "transcription", "audio": {"input": {"format": pcm, "turn_detection": None}}}
+            session = {
+                "type": "transcription",
+                "audio": {"input": {"format": audio_format, "turn_detection": None}},
+            }
             await connection.session.update(session=session)
-            for offset in range(0, len(audio), 4800):
-                chunk = base64.b64encode(float32_to_pcm16(audio[offset : offset + 4800])).decode()
+            for offset in range(0, len(data), bytes_per_tenth):
+                chunk = base64.b64encode(data[offset : offset + bytes_per_tenth]).decode()
                 await connection.input_audio_buffer.append(audio=chunk)
             await connection.input_audio_buffer.commit()
             async for event in connection:
                 assert event.type != "error", event
+                if event.type == "session.updated":
+                    assert event.session.audio.input.format.type == audio_format["type"]
                 if event.type == "conversation.item.input_audio_transcription.completed":
                     return event.transcript
             raise AssertionError("closed before the item was transcribed")

@@ -226,7 +226,10 @@ def test_openai_sdk_bad_events_get_openai_errors_and_the_session_goes_on(server,
             )
             await connection.input_audio_buffer.append(audio="%%%not base64", event_id="ev-audio")
             await connection.session.update(
-                session={"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+                session={
+                    "type": "transcription",
+                    "audio": {"input": {"format": {"type": "audio/pcmu", "rate": 24000}}},
+                },
                 event_id="ev-format",
             )
             errors = [await connection.recv() for _ in range(5)]

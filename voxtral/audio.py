@@ -1,10 +1,13 @@
-"""Audio in: PCM16 bytes to float32 16 kHz mono, and Whisper-style log-mel features."""
+"""Audio in: PCM16 or G.711 bytes to float32 mono, and Whisper-style log-mel features."""
 
 from functools import cache
+from typing import Literal
 
 import librosa
 import numpy as np
 import torch
+
+from voxtral.g711 import alaw_to_float32, mulaw_to_float32
 
 SAMPLE_RATE = 16_000
 N_FFT = 400
@@ -16,6 +19,15 @@ def pcm16_to_float32(data: bytes) -> np.ndarray:
     if len(data) % 2:
         raise ValueError(f"PCM16 audio needs an even number of bytes, got {len(data)}")
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+Encoding = Literal["pcm16", "mulaw", "alaw"]  # how a wire's audio bytes are coded
+_DECODERS = {"pcm16": pcm16_to_float32, "mulaw": mulaw_to_float32, "alaw": alaw_to_float32}
+
+
+def decode(encoding: Encoding, data: bytes) -> np.ndarray:
+    """Audio bytes as float32 samples; ValueError for bytes no whole sample's."""
+    return _DECODERS[encoding](data)
 
 
 @cache

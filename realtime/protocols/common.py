@@ -1,5 +1,5 @@
 """What both wire protocols share: client events parsed once into typed events, a client
-mistake as the wire's error code, audio as base64 PCM16."""
+mistake as the wire's error code, audio as base64."""
 
 import base64
 import binascii
@@ -49,21 +49,25 @@ class WireObject(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True)
 
 
-def _pcm16(value: object) -> np.ndarray:
+def _base64(value: object) -> bytes:
     if not isinstance(value, str):
-        raise PydanticCustomError("invalid_event", "must be a string of base64 PCM16")
+        raise PydanticCustomError("invalid_event", "must be a string of base64 audio")
     try:
-        data = base64.b64decode(value, validate=True)
+        return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise PydanticCustomError(
             "invalid_audio", "audio is not valid base64: {why}", {"why": str(exc)}
         ) from None
+
+
+def _pcm16(value: object) -> np.ndarray:
     try:
-        return pcm16_to_float32(data)
+        return pcm16_to_float32(_base64(value))
     except ValueError as exc:
         raise PydanticCustomError("invalid_audio", "{why}", {"why": str(exc)}) from None
 
 
+Base64 = Annotated[bytes, PlainValidator(_base64)]  # audio bytes, coded as the session's format says
 Pcm16 = Annotated[np.ndarray, PlainValidator(_pcm16)]  # base64 PCM16 on the wire, float32 samples once parsed
 
 Event = TypeVar("Event", bound=WireObject)

@@ -34,6 +34,7 @@ from realtime.protocols.openai_wire import (
     BetaUpdate,
     Clear,
     Commit,
+    InputFormat,
     ServerVad,
     TranscriptionSettings,
     Update,
@@ -46,7 +47,7 @@ from realtime.protocols.openai_wire import (
     session_object,
 )
 from realtime.protocols.port import SessionPort
-from voxtral.audio import SAMPLE_RATE
+from voxtral.audio import SAMPLE_RATE, decode
 from voxtral.runner import TimedWord
 from voxtral.vad import VadConfig
 
@@ -87,7 +88,7 @@ class OpenAISession:
         self.session_id = new_id("sess")
         self.settings = TranscriptionSettings()  # model, language, prompt as the client set them
         self.vad: ServerVad | None = ServerVad()
-        self.rate = 24000
+        self.format = InputFormat()
         self.resampler: soxr.ResampleStream | None = self._resampler()
         self.utterance: str | None = None  # the one receiving audio; its last item is the input buffer
         self.buffered_samples = 0  # in the input buffer, at 16 kHz
@@ -96,11 +97,12 @@ class OpenAISession:
         self.previous_item: str | None = None
 
     def _resampler(self) -> soxr.ResampleStream | None:
-        return None if self.rate == SAMPLE_RATE else soxr.ResampleStream(self.rate, SAMPLE_RATE, 1, "float32")
+        rate = self.format.rate
+        return None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, "float32")
 
     def _session(self) -> dict:
         model = self.connection.model.name
-        return session_object(self.session_id, model, self.rate, self.settings, self.vad)
+        return session_object(self.session_id, model, self.format, self.settings, self.vad)
 
     def opened(self) -> None:
         self.connection.send(dump("session.created", session=self._session()))
@@ -117,7 +119,7 @@ class OpenAISession:
                 self._update(event.session.settings())
             elif isinstance(event, Append):
                 if not self.connection.draining:  # the server ended the turn: no new one starts
-                    self._append(event.audio)
+                    self._append(self._decode(event.audio))
             elif isinstance(event, Commit):
                 self._commit()
             elif isinstance(event, Clear):
@@ -132,13 +134,13 @@ class OpenAISession:
     def _update(self, update: TranscriptionSettings) -> None:
         if update.model != DIARIZE_MODEL:
             check_model(self.connection.model, update.model, self.connection.log)
-        if update.rate is not None and update.rate != self.rate:
+        if update.format is not None and update.format != self.format:
             if self.buffered_samples:
                 raise ProtocolError(
                     "invalid_value",
                     "the audio format cannot change while the input buffer holds audio",
                 )
-            self.rate = update.rate
+            self.format = update.format
             self.resampler = self._resampler()
         diarize = update.model == DIARIZE_MODEL
         if update.language is not None or update.logprobs or diarize:  # checked before any setting changes
@@ -149,6 +151,12 @@ class OpenAISession:
         if update.set_turn_detection:
             self.vad = update.turn_detection
         self.connection.send(dump("session.updated", session=self._session()))
+
+    def _decode(self, data: bytes) -> np.ndarray:
+        try:
+            return decode(self.format.encoding, data)
+        except ValueError as exc:
+            raise ProtocolError("invalid_audio", f"input_audio_buffer.append: audio: {exc}") from None
 
     def _append(self, samples: np.ndarray) -> None:
         if self.resampler is not None:

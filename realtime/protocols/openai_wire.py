@@ -9,9 +9,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from realtime.protocols.common import Code, Name, Pcm16, Prompt, WireObject, parse_event
+from realtime.protocols.common import Base64, Code, Name, Prompt, WireObject, parse_event
+from voxtral.audio import Encoding
+from voxtral.g711 import RATE as G711_RATE
 from voxtral.runner import TimedWord
 
 Include = list[Literal["item.input_audio_transcription.logprobs"]]  # the one a transcription session has
@@ -25,9 +27,42 @@ class ServerVad(WireObject):
     silence_duration_ms: Annotated[int, Field(ge=0, le=10_000)] = 500
 
 
+# Each format's coding; G.711's (a phone line's) is always 8 kHz.
+ENCODINGS: dict[str, Encoding] = {"audio/pcm": "pcm16", "audio/pcmu": "mulaw", "audio/pcma": "alaw"}
+BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """How the session's audio comes: its coding and rate."""
+
+    type: str = "audio/pcm"
+    rate: int = 24000
+
+    @property
+    def encoding(self) -> Encoding:
+        return ENCODINGS[self.type]
+
+    def wire(self) -> dict:
+        return {"type": self.type, "rate": self.rate} if self.type == "audio/pcm" else {"type": self.type}
+
+
 class AudioFormat(WireObject):
-    type: Literal["audio/pcm"] = "audio/pcm"
-    rate: Literal[24000, 16000] = 24000  # OpenAI's PCM is 24 kHz; 16 kHz is voxrt's extension
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = "audio/pcm"
+    # OpenAI's PCM is 24 kHz (16 kHz is voxrt's extension); G.711 is 8 kHz.
+    rate: Literal[24000, 16000, 8000] | None = None
+
+    @model_validator(mode="after")
+    def _rate_of_its_type(self) -> "AudioFormat":
+        allowed = (24000, 16000) if self.type == "audio/pcm" else (G711_RATE,)
+        if self.rate is not None and self.rate not in allowed:
+            rates = " or ".join(map(str, allowed))
+            raise ValueError(f"{self.type} is sampled at {rates} Hz, not {self.rate}")
+        return self
+
+    def input_format(self) -> InputFormat:
+        default = 24000 if self.type == "audio/pcm" else G711_RATE
+        return InputFormat(self.type, self.rate or default)
 
 
 class InputTranscription(WireObject):
@@ -50,7 +85,7 @@ class Audio(WireObject):
 class TranscriptionSettings:
     """What a transcription session sets; None where an update leaves a field as it is."""
 
-    rate: int | None = None
+    format: InputFormat | None = None
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
@@ -68,25 +103,27 @@ class Session(WireObject):
 
     def settings(self) -> TranscriptionSettings:
         audio_input = (self.audio and self.audio.input) or AudioInput()
-        rate = audio_input.format.rate if audio_input.format else None
-        return _settings(rate, audio_input.transcription, audio_input, self.include)
+        audio_format = audio_input.format.input_format() if audio_input.format else None
+        return _settings(audio_format, audio_input.transcription, audio_input, self.include)
 
 
 class BetaSession(WireObject):
     """`transcription_session.update`'s session (the older beta form)."""
 
-    input_audio_format: Literal["pcm16"] | None = None
+    input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
     input_audio_transcription: InputTranscription | None = None
     turn_detection: ServerVad | None = None
     include: Include | None = None
 
     def settings(self) -> TranscriptionSettings:
-        rate = 24000 if self.input_audio_format else None
-        return _settings(rate, self.input_audio_transcription, self, self.include)
+        audio_format = None
+        if self.input_audio_format is not None:
+            audio_format = AudioFormat(type=BETA_FORMATS[self.input_audio_format]).input_format()
+        return _settings(audio_format, self.input_audio_transcription, self, self.include)
 
 
 def _settings(
-    rate: int | None,
+    audio_format: InputFormat | None,
     transcription: InputTranscription | None,
     turns: AudioInput | BetaSession,
     include: Include | None,
@@ -94,7 +131,7 @@ def _settings(
     """The settings an update names; `turns` holds its turn_detection, named or not."""
     transcription = transcription or InputTranscription()
     return TranscriptionSettings(
-        rate=rate,
+        format=audio_format,
         model=transcription.model,
         language=transcription.language,
         prompt=transcription.prompt,
@@ -109,7 +146,7 @@ class OpenAIEvent(WireObject):
 
 
 class Append(OpenAIEvent):
-    audio: Pcm16  # at the session's rate
+    audio: Base64  # in the session's format
 
 
 class Commit(OpenAIEvent):
@@ -163,7 +200,11 @@ def dump(kind: str, **fields: object) -> str:
 
 
 def session_object(
-    session_id: str, model: str, rate: int, settings: TranscriptionSettings, vad: ServerVad | None
+    session_id: str,
+    model: str,
+    audio_format: InputFormat,
+    settings: TranscriptionSettings,
+    vad: ServerVad | None,
 ) -> dict:
     turn_detection = None
     if vad is not None:
@@ -174,7 +215,7 @@ def session_object(
         "id": session_id,
         "audio": {
             "input": {
-                "format": {"type": "audio/pcm", "rate": rate},
+                "format": audio_format.wire(),
                 "transcription": {"model": model, "language": settings.language, "prompt": settings.prompt},
                 "turn_detection": turn_detection,
                 "noise_reduction": None,
