@@ -7,6 +7,7 @@ into calls here and engine events into server events; this class owns what both 
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,7 @@ from realtime.progress import EngineProgress
 from realtime.protocols.common import ProtocolError
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.openai_wire import is_openai_event
-from realtime.protocols.port import WireSession
+from realtime.protocols.port import IdleClose, WireSession
 from realtime.protocols.vllm import VllmSession
 from realtime.reader import MessageReader
 from voxtral.audio import SAMPLE_RATE
@@ -85,24 +86,30 @@ class Connection:
         self.reader = MessageReader(websocket)
         self.close_code: int | None = None  # sent or received
 
-    async def run(self, openai_url: bool) -> None:
-        """Serve the client until either side closes, in the protocol its URL chose (or its first event)."""
-        wire = self.wire = OpenAISession(self) if openai_url else VllmSession(self)
+    async def run(self, make_wire: Callable[["Connection"], WireSession]) -> None:
+        """Serve the client until either side closes, in the protocol its URL chose (or, from
+        vLLM's, its first event)."""
+        wire = self.wire = make_wire(self)
         self.sender = asyncio.create_task(self._send_loop())
         wire.opened()
         self.log.info("connection.open", remote=str(self.websocket.client), protocol=type(wire).__name__)
         try:
             while self.closing is None:
+                idle = self.wire.idle or IdleClose(
+                    self.limits.idle_seconds,
+                    1000,
+                    "idle_timeout",
+                    f"no event for {self.limits.idle_seconds:g} s",
+                )
                 try:
                     asked_at = time.monotonic()
-                    async with asyncio.timeout(self.limits.idle_seconds):
+                    async with asyncio.timeout(idle.seconds):
                         message = await self.reader.receive()
                     if time.monotonic() - asked_at > RECV_WAITED_SECONDS:
                         self.read_all_at = asked_at
                 except TimeoutError:
                     if not self.finishing:
-                        seconds = f"{self.limits.idle_seconds:g}"
-                        await self.close(1000, "idle_timeout", f"no event for {seconds} s")
+                        await self.close(idle.code, idle.reason, idle.message)
                     continue
                 if message is None:
                     self.close_code = self.close_code or self.reader.disconnect_code
@@ -296,6 +303,9 @@ class Connection:
         # when a real-time sender would have sent it, and not before the reads last caught up.
         arrived_at = max(self.read_all_at, min(now, live.audio_started_at + live.sent_samples / SAMPLE_RATE))
         self.engine.add_audio(utterance, samples, arrived_at)
+
+    def consumed_seconds(self, utterance: str) -> float:
+        return self.engine.stats().consumed_samples.get(utterance, 0) / SAMPLE_RATE
 
     def is_finishing(self, utterance: str | None) -> bool:
         return utterance in self.utterances and self.utterances[utterance].finishing

@@ -10,6 +10,7 @@ import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
 from typing import Protocol
@@ -32,23 +33,31 @@ from realtime.engine.loop import Engine
 from realtime.limits import client_address
 from realtime.metrics import Metrics
 from realtime.progress import EngineProgress
-from realtime.protocols import file_api, openai_wire
+from realtime.protocols import deepgram_wire, file_api, openai_wire
 from realtime.protocols import vllm as protocol
+from realtime.protocols.common import ProtocolError, check_model, transcription
+from realtime.protocols.deepgram import DeepgramSession
+from realtime.protocols.openai import OpenAISession
+from realtime.protocols.port import WireSession
+from realtime.protocols.vllm import VllmSession
 from realtime.sockets import QuietUvicorn, deny, listening_socket, uvicorn_server
 from realtime.uploads import UploadRefused, Uploads
 
 log = structlog.get_logger("voxrt.server")
 
 REALTIME_PATH = "/v1/realtime"
+LISTEN_PATH = "/v1/listen"  # Deepgram's live wire
 PAGE = Path(__file__).parent / "static" / "index.html"  # a page to try voxrt in a browser, at `/`
 # Browsers cannot set headers on a WebSocket: OpenAI's browser clients send the key as a subprotocol.
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
+# Deepgram's browser clients offer two: `token`, then the key.
+TOKEN_SUBPROTOCOL = "token"
 ENGINE_CHECK_SECONDS = 1.0
 # What a refused client is told to wait: about the capacity window's time to measure anew.
 RETRY_AFTER_SECONDS = 5
 ROUTES_SERVED = (
-    "WebSocket /v1/realtime; POST /v1/audio/transcriptions, /v1/audio/translations; GET /v1/models,"
-    " /health, /metrics"
+    "WebSocket /v1/realtime, /v1/listen; POST /v1/audio/transcriptions, /v1/audio/translations;"
+    " GET /v1/models, /health, /metrics"
 )
 
 
@@ -95,6 +104,7 @@ class RealtimeServer:
                 Route("/v1/models", self._models),
                 Route("/v1/models/{model:path}", self._models),
                 WebSocketRoute(REALTIME_PATH, self._realtime),
+                WebSocketRoute(LISTEN_PATH, self._listen),
                 WebSocketRoute("/{path:path}", self._no_such_socket),
             ],
             # OpenAI's SDK shows an error's body: a plain "Not Found" reads as "Error code: 404".
@@ -105,10 +115,17 @@ class RealtimeServer:
         self.metrics.errors.labels(code=code).inc()
         self.metrics.refusals.labels(reason=code).inc()
         log.info("server.refused", code=code, status=int(status))
-        shape = openai_wire.error if _wants_openai(request) else protocol.error
         busy = status == HTTPStatus.SERVICE_UNAVAILABLE
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if busy else None
-        return Response(shape(code, message) + "\n", status, headers, media_type="application/json")
+        if request.url.path == LISTEN_PATH:
+            request_id = deepgram_wire.new_request_id()
+            body = json.dumps(deepgram_wire.refusal_body(code, message, request_id))
+            headers = {**(headers or {}), "dg-error": message[:200], "dg-request-id": request_id}
+        elif _wants_openai(request):
+            body = openai_wire.error(code, message)
+        else:
+            body = protocol.error(code, message)
+        return Response(body + "\n", status, headers, media_type="application/json")
 
     def _authorized(self, headers: Headers) -> bool:
         """The key as a bearer header, or as the subprotocol OpenAI's browser clients send."""
@@ -117,8 +134,11 @@ class RealtimeServer:
         offered = [
             p.removeprefix(KEY_SUBPROTOCOL) for p in _subprotocols(headers) if p.startswith(KEY_SUBPROTOCOL)
         ]
+        offered += _after_token(_subprotocols(headers))
         offered = [key for key in offered if key]  # an empty key is no key
         given = [headers.get("Authorization", ""), *(f"Bearer {key}" for key in offered)]
+        # Deepgram's clients say `Token KEY`; a bearer token is the same key here.
+        given = [f"Bearer {g.removeprefix('Token ')}" if g.startswith("Token ") else g for g in given]
         expected = f"Bearer {self.config.api_key}".encode()
         return any(hmac.compare_digest(g.encode(), expected) for g in given)
 
@@ -257,10 +277,41 @@ class RealtimeServer:
         if (refusal := self._refuse_upgrade(websocket)) is not None:
             await deny(websocket, refusal)
             return
+        # A browser that offered subprotocols refuses an upgrade that picks none; OpenAI's
+        # browser clients offer `realtime` with their key. Never the key.
+        subprotocol = "realtime" if "realtime" in _subprotocols(websocket.headers) else None
+        if _wants_openai(websocket):
+            await self._serve(websocket, subprotocol, OpenAISession)
+        else:  # vLLM's, or OpenAI's if its first event says so
+            await self._serve(websocket, subprotocol, VllmSession)
+
+    async def _listen(self, websocket: WebSocket) -> None:
+        """Deepgram's live wire: its options are read from the query before the upgrade, and a
+        wrong one refuses it (400), as Deepgram does."""
+        if (refusal := self._refuse_upgrade(websocket)) is not None:
+            await deny(websocket, refusal)
+            return
         try:
-            # A browser that offered subprotocols refuses an upgrade that picks none; OpenAI's
-            # browser clients offer `realtime` with their key. Never the key.
-            await websocket.accept("realtime" if "realtime" in _subprotocols(websocket.headers) else None)
+            options = deepgram_wire.listen_options(
+                websocket.query_params, {k: websocket.query_params.getlist(k) for k in websocket.query_params}
+            )
+            check_model(self.model, options.model, log)
+            spec = self.engine.runner.spec
+            language, prompt = options.language, options.prompt
+            asked = transcription(spec, language, None, prompt, spec.word_times, options.diarize)
+        except ProtocolError as exc:
+            self.admission.seated(websocket)
+            await deny(websocket, self._refusal(websocket, HTTPStatus.BAD_REQUEST, exc.code, exc.message))
+            return
+        subprotocol = TOKEN_SUBPROTOCOL if TOKEN_SUBPROTOCOL in _subprotocols(websocket.headers) else None
+        await self._serve(websocket, subprotocol, lambda c: DeepgramSession(c, options, asked))
+
+    async def _serve(
+        self, websocket: WebSocket, subprotocol: str | None, make_wire: Callable[[Connection], WireSession]
+    ) -> None:
+        """A seated client's connection, in its wire's protocol, until it closes."""
+        try:
+            await websocket.accept(subprotocol)
         finally:
             self.admission.seated(websocket)
         connection_id = f"sess-{uuid.uuid4().hex}"
@@ -279,7 +330,7 @@ class RealtimeServer:
         self.connections.add(connection)
         self.metrics.connections_active.inc()
         try:
-            await connection.run(openai_url=_wants_openai(websocket))
+            await connection.run(make_wire)
         finally:
             self.connections.discard(connection)
             self.connections_by_address[address] -= 1
@@ -385,6 +436,13 @@ def _json(status: HTTPStatus, body: dict) -> Response:
 def _wants_openai(request: HTTPConnection) -> bool:
     """OpenAI's SDK puts `intent=transcription` (or a model) in the URL; vLLM's clients do not."""
     return "intent" in request.query_params or "model" in request.query_params
+
+
+def _after_token(subprotocols: list[str]) -> list[str]:
+    """The key a Deepgram browser client offers after `token`."""
+    if TOKEN_SUBPROTOCOL in subprotocols[:-1]:
+        return [subprotocols[subprotocols.index(TOKEN_SUBPROTOCOL) + 1]]
+    return []
 
 
 def _subprotocols(headers: Headers) -> list[str]:

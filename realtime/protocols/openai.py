@@ -83,6 +83,8 @@ class Turns:
 
 
 class OpenAISession:
+    idle = None  # the server's idle rule
+
     def __init__(self, connection: SessionPort) -> None:
         self.connection = connection
         self.session_id = new_id("sess")

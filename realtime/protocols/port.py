@@ -1,6 +1,8 @@
 """The two faces between a connection and its wire session: what a session may ask of its
 connection (`SessionPort`), and what the connection asks of its session (`WireSession`)."""
 
+import asyncio
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -42,12 +44,33 @@ class SessionPort(Protocol):
 
     def is_finishing(self, utterance: str | None) -> bool: ...
 
+    def consumed_seconds(self, utterance: str) -> float:
+        """How much of the utterance's audio the engine has heard (its VAD included)."""
+        ...
+
     def finish(self, utterance: str) -> None: ...
 
     def abort(self, utterance: str) -> None: ...
 
+    def end(self, code: int, reason: str, after_outbox: bool = False) -> asyncio.Future:
+        """Close the connection, after the events already sent where `after_outbox`."""
+        ...
+
+
+@dataclass(frozen=True)
+class IdleClose:
+    """A wire's own rule for a client that goes quiet: after `seconds` without an event, the
+    close frame `code` with `reason`, after an error event saying `message`."""
+
+    seconds: float
+    code: int
+    reason: str
+    message: str
+
 
 class WireSession(Protocol):
+    idle: IdleClose | None  # None: the server's `idle_seconds` and `idle_timeout`
+
     def opened(self) -> None:
         """Send the protocol's greeting."""
 

@@ -94,6 +94,8 @@ class VllmSession:
     """vLLM's session: audio before any commit starts an utterance (documented); `final`
     ends its input; after `transcription.done` the next commit or audio starts a new one."""
 
+    idle = None  # the server's idle rule
+
     def __init__(self, connection: SessionPort) -> None:
         self.connection = connection
         self.utterance: str | None = None  # the running utterance

@@ -1,0 +1,309 @@
+"""Deepgram's live wire (`/v1/listen`), driven by Deepgram's own Python SDK as voice-agent
+frameworks drive it: a real call's words in final and interim results, turns ended with
+`speech_final` and `UtteranceEnd`, a phone line's mu-law, `Finalize` and `CloseStream`, the
+query's errors refused at the upgrade, its keys, its idle close, and a hostile client beside
+a bystander who is unharmed."""
+
+import asyncio
+import hashlib
+import json
+import time
+import warnings
+
+import numpy as np
+import pytest
+import soxr
+from deepgram import AsyncDeepgramClient
+from deepgram.environment import DeepgramClientEnvironment
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from benchmarks.conversation_set import phone_call
+from benchmarks.text import whisper_wer
+from clients.audio import float32_to_pcm16
+from realtime.config import ServerConfig
+from tests.conftest import espeak, wait_for
+from tests.server_harness import ServerThread
+from voxtral.whisper.runner import WhisperRunner
+
+pytestmark = pytest.mark.slow
+KEY = "dg-test"
+MOST_WER = 0.35  # tiny.en on the call errs at about 0.2; a call half heard at 0.5 or more
+CHUNK_SECONDS = 0.1
+SENTENCES = ["The library opens in the morning and closes in the evening.", "Please turn off your phone."]
+
+
+@pytest.fixture(scope="module")
+def server(whisper_model):
+    harness = ServerThread(WhisperRunner(whisper_model), ServerConfig(api_key=KEY), max_sessions=8)
+    yield harness
+    harness.stop()
+
+
+@pytest.fixture(scope="module")
+def call():
+    return phone_call()
+
+
+@pytest.fixture(scope="module")
+def two_turns(tmp_path_factory) -> tuple[np.ndarray, float]:
+    """Two sentences with 2 s of silence between them and 1.5 s after; where the second starts."""
+    tmp = tmp_path_factory.mktemp("deepgram")
+    first, second = (espeak(s, tmp / f"{i}.wav") for i, s in enumerate(SENTENCES))
+    pause, tail = np.zeros(32000, np.float32), np.zeros(24000, np.float32)
+    return np.concatenate([first, pause, second, tail]), (len(first) + len(pause)) / 16000
+
+
+def listen_live(server: ServerThread, **options: str):
+    """Deepgram's SDK's live connection to the server, with `options` as its query (the model
+    a voice agent names, linear16 at 16 kHz, unless `options` says otherwise)."""
+    base = f"127.0.0.1:{server.server.port}"
+    environment = DeepgramClientEnvironment(
+        base=f"http://{base}", production=f"ws://{base}", agent=f"ws://{base}", agent_rest=f"http://{base}"
+    )
+    options = {"model": "nova-3", "encoding": "linear16", "sample_rate": "16000", **options}
+    return AsyncDeepgramClient(api_key=KEY, environment=environment).listen.v1.connect(**options)
+
+
+def raw(server: ServerThread, query: str, headers: dict | None = None, subprotocols: list[str] | None = None):
+    """A plain WebSocket client on `/v1/listen?query`, with Deepgram's key header unless told otherwise."""
+    url = f"ws://127.0.0.1:{server.server.port}/v1/listen?{query}"
+    headers = {"Authorization": f"Token {KEY}"} if headers is None else headers
+    return connect(url, additional_headers=headers, subprotocols=subprotocols)
+
+
+async def send(connection, data: bytes, bytes_per_second: int, speed: float) -> None:
+    """`data` in 100 ms frames, paced at `speed` x real time."""
+    step = int(bytes_per_second * CHUNK_SECONDS)
+    for offset in range(0, len(data), step):
+        await connection.send_media(data[offset : offset + step])
+        await asyncio.sleep(CHUNK_SECONDS / speed)
+
+
+async def listen(connection, until: str = "Metadata") -> list[dict]:
+    """Every message as a dict, through the one of type `until`."""
+    out = []
+    async for message in connection:
+        out.append(message.dict())
+        if out[-1]["type"] == until:
+            return out
+    raise AssertionError(f"closed before {until}: {out[-3:]}")
+
+
+def finals(messages: list[dict]) -> list[dict]:
+    return [m for m in messages if m["type"] == "Results" and m["is_final"]]
+
+
+def transcript(messages: list[dict]) -> str:
+    return " ".join(t for m in finals(messages) if (t := m["channel"]["alternatives"][0]["transcript"]))
+
+
+def pcm(audio: np.ndarray) -> bytes:
+    return float32_to_pcm16(audio)
+
+
+def test_a_call_streamed_through_deepgrams_sdk_comes_back_in_final_and_interim_results(server, call):
+    """With speakers asked for (`diarize`): each word carries its speaker's number."""
+    data = pcm(call.audio)
+
+    async def run() -> list[dict]:
+        async with listen_live(server, interim_results="true", diarize="true") as connection:
+            sender = asyncio.create_task(send(connection, data, 32000, speed=4.0))
+            await sender
+            await connection.send_close_stream()
+            return await listen(connection)
+
+    messages = asyncio.run(asyncio.wait_for(run(), 120))
+    assert whisper_wer(call.text, transcript(messages)) <= MOST_WER, transcript(messages)
+    interim = [m for m in messages if m["type"] == "Results" and not m["is_final"]]
+    assert any(m["channel"]["alternatives"][0]["transcript"] for m in interim)
+    # Each final result is the audio after the one before, and holds the words said in it.
+    end = 0.0
+    for result in finals(messages):
+        assert result["start"] == pytest.approx(end, abs=0.002)
+        end = result["start"] + result["duration"]
+        for word in result["channel"]["alternatives"][0]["words"]:
+            assert result["start"] - 0.002 <= word["start"] <= word["end"] <= end + 0.002
+            assert word["word"] == word["word"].lower() and word["punctuated_word"]
+            assert 0 <= word["confidence"] <= 1 and word["speaker"] in (0, 1, 2, 3)
+        assert result["metadata"]["request_id"] == messages[-1]["request_id"]
+    assert messages[-1]["type"] == "Metadata"
+    assert messages[-1]["duration"] == pytest.approx(30.0, abs=0.01)
+    assert messages[-1]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_turns_end_with_speech_final_and_an_utterance_end_after_the_gap(server, two_turns):
+    audio, second_starts = two_turns
+
+    async def run() -> list[dict]:
+        options = {
+            "interim_results": "true",
+            "utterance_end_ms": "1000",
+            "vad_events": "true",
+            "endpointing": "500",
+        }
+        async with listen_live(server, **options) as connection:
+            await send(connection, pcm(audio), 32000, speed=1.0)
+            await connection.send_close_stream()
+            return await listen(connection)
+
+    messages = asyncio.run(asyncio.wait_for(run(), 120))
+    kinds = [m["type"] for m in messages]
+    assert kinds.count("SpeechStarted") == 2
+    assert kinds.count("UtteranceEnd") >= 1
+    ends = [m for m in messages if m["type"] == "UtteranceEnd"]
+    # The first comes between the turns, after the first turn's last word, before the second's words.
+    first_end = kinds.index("UtteranceEnd")
+    before = [w for m in finals(messages[:first_end]) for w in m["channel"]["alternatives"][0]["words"]]
+    assert before and ends[0]["last_word_end"] == pytest.approx(before[-1]["end"], abs=0.002)
+    assert before[-1]["end"] < second_starts
+    later = [w for m in finals(messages[first_end:]) for w in m["channel"]["alternatives"][0]["words"]]
+    assert later and all(w["start"] >= second_starts - 0.5 for w in later)
+    speech_finals = [m for m in finals(messages) if m["speech_final"]]
+    assert len(speech_finals) == 2
+    assert speech_finals[0]["start"] + speech_finals[0]["duration"] < second_starts
+    assert whisper_wer(" ".join(SENTENCES), transcript(messages)) <= 0.2, transcript(messages)
+
+
+def test_a_phone_lines_mulaw_at_8_khz_gives_the_calls_words(server, call):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # audioop: the reference coder here
+        import audioop
+    mulaw = audioop.lin2ulaw(pcm(soxr.resample(call.audio, 16000, 8000)), 2)
+
+    async def run() -> list[dict]:
+        async with listen_live(server, encoding="mulaw", sample_rate="8000") as connection:
+            await send(connection, mulaw, 8000, speed=8.0)
+            await connection.send_close_stream()
+            return await listen(connection)
+
+    messages = asyncio.run(asyncio.wait_for(run(), 120))
+    assert whisper_wer(call.text, transcript(messages)) <= MOST_WER, transcript(messages)
+    assert messages[-1]["duration"] == pytest.approx(30.0, abs=0.01)
+
+
+def test_finalize_sends_what_was_said_from_finalize_and_the_stream_goes_on(server, two_turns):
+    audio, second_starts = two_turns
+    cut = int(second_starts * 16000) - 16000  # in the pause, before the second sentence
+
+    async def run() -> tuple[list[dict], list[dict]]:
+        async with listen_live(server, endpointing="false") as connection:
+            await send(connection, pcm(audio[:cut]), 32000, speed=8.0)
+            await connection.send_finalize()
+            first = []
+            while not any(m["type"] == "Results" and m["from_finalize"] for m in first):
+                first.append((await connection.recv()).dict())
+            await send(connection, pcm(audio[cut:]), 32000, speed=8.0)
+            await connection.send_close_stream()
+            return first, await listen(connection)
+
+    first, rest = asyncio.run(asyncio.wait_for(run(), 120))
+    assert whisper_wer(SENTENCES[0], transcript(first)) <= 0.2, transcript(first)
+    assert whisper_wer(SENTENCES[1], transcript(rest)) <= 0.2, transcript(rest)
+    assert not any(m.get("speech_final") for m in first + rest)  # endpointing=false: no turn ends
+    # The second part's words are on the session's clock, after the first part's audio.
+    words = [w for m in finals(rest) for w in m["channel"]["alternatives"][0]["words"]]
+    assert words and words[0]["start"] >= second_starts - 0.5
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "sample_rate=16000",  # no encoding
+        "encoding=opus&sample_rate=16000",
+        "encoding=linear16",  # no rate
+        "encoding=linear16&sample_rate=16000&channels=2",
+        "encoding=linear16&sample_rate=16000&utterance_end_ms=1000",  # without interim_results
+        "encoding=linear16&sample_rate=16000&interim_results=yes",
+        "encoding=linear16&sample_rate=16000&language=fr",  # tiny.en hears English only
+    ],
+)
+def test_a_wrong_query_is_refused_at_the_upgrade_with_deepgrams_error(server, query):
+    async def run() -> InvalidStatus:
+        with pytest.raises(InvalidStatus) as refused:
+            async with raw(server, query):
+                pass
+        return refused.value
+
+    response = asyncio.run(run()).response
+    assert response.status_code == 400
+    body = json.loads(response.body)
+    assert body["err_code"] and body["err_msg"] and body["request_id"]
+    assert response.headers["dg-error"]
+
+
+def test_deepgrams_keys_token_header_and_subprotocol(server):
+    query = "encoding=linear16&sample_rate=16000"
+
+    async def run() -> None:
+        for headers, subprotocols in (
+            ({"Authorization": f"Token {KEY}"}, None),
+            ({"Authorization": f"Bearer {KEY}"}, None),
+            ({}, ["token", KEY]),
+        ):
+            async with raw(server, query, headers, subprotocols) as ws:
+                assert ws.subprotocol == ("token" if subprotocols else None)
+                await ws.send(json.dumps({"type": "CloseStream"}))
+                assert json.loads(await ws.recv())["type"] == "Metadata"
+        for headers, subprotocols in (
+            ({"Authorization": "Token wrong"}, None),
+            ({}, ["token", "wrong"]),
+            ({}, None),
+        ):
+            with pytest.raises(InvalidStatus) as refused:
+                async with raw(server, query, headers, subprotocols):
+                    pass
+            assert refused.value.response.status_code == 401
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_quiet_stream_is_closed_with_net_0001_after_10_s_and_keepalive_holds_it(server):
+    async def run() -> tuple[float, float]:
+        async with raw(server, "encoding=linear16&sample_rate=16000") as ws:
+            started = time.monotonic()
+            for _ in range(4):  # 12 s of KeepAlive, each 3 s apart
+                await asyncio.sleep(3)
+                await ws.send(json.dumps({"type": "KeepAlive"}))
+            kept = time.monotonic() - started
+            quiet = time.monotonic()
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await ws.recv()
+            assert closed.value.rcvd.code == 1011 and closed.value.rcvd.reason == "NET-0001"
+            return kept, time.monotonic() - quiet
+
+    kept, closed_after = asyncio.run(asyncio.wait_for(run(), 60))
+    assert kept >= 12 and 9 <= closed_after <= 20
+
+
+def test_a_hostile_client_gets_errors_and_a_bystander_beside_it_is_unharmed(server, call):
+    data = pcm(call.audio)
+
+    async def attacker() -> list[dict]:
+        errors = []
+        async with raw(server, "encoding=linear16&sample_rate=16000") as ws:
+            for bad in ("not json", "[]", '{"type": "Transcribe"}', '{"type": 7}', '{"type": "KeepAlive"'):
+                await ws.send(bad)
+                errors.append(json.loads(await ws.recv()))
+            for odd in (b"\x01", b"\x02\x03\x04", bytes(range(256)) * 64):  # samples split across frames
+                await ws.send(odd)
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            async for message in ws:
+                if json.loads(message)["type"] == "Metadata":
+                    break
+        return errors
+
+    async def bystander() -> list[dict]:
+        async with listen_live(server) as connection:
+            await send(connection, data, 32000, speed=4.0)
+            await connection.send_close_stream()
+            return await listen(connection)
+
+    async def both():
+        return await asyncio.gather(attacker(), bystander())
+
+    errors, messages = asyncio.run(asyncio.wait_for(both(), 120))
+    assert all(e["type"] == "Error" and e["variant"] == "SchemaError" and e["description"] for e in errors)
+    assert whisper_wer(call.text, transcript(messages)) <= MOST_WER, transcript(messages)
+    wait_for(lambda: server.engine.stats().utterances == 0)  # every utterance of both left the engine
