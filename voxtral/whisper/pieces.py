@@ -16,7 +16,7 @@ def quietest(raw: torch.Tensor, margin: int) -> int:
     level = raw.max(dim=0).values[None]
     width = POSITIONS_PER_SECOND // 10
     smooth = torch.nn.functional.avg_pool1d(level, width, 1, width // 2, count_include_pad=False)[0]
-    return margin + int(smooth[margin : raw.shape[1] - margin].argmin())
+    return margin + int(smooth[margin : raw.shape[1] - margin + 1].argmin())
 
 
 def through_segments(hyp: Hypothesis, count: int, timestamp_begin: int) -> Hypothesis:
