@@ -9,8 +9,9 @@ from collections.abc import Callable
 from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
 
 from captions import FORMATS, render
-from clients.audio import UnreadableAudio, load_audio_file
-from clients.connection import RETRY_SECONDS, ServerError, reopened, stream_utterance
+from clients.audio import SAMPLE_RATE, UnreadableAudio, float32_to_pcm16, load_audio_file
+from clients.connection import RETRY_SECONDS, ServerError, Utterance, reopened, stream_utterance
+from clients.listen import listen
 
 EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
@@ -19,6 +20,12 @@ DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="audio files (any format soundfile reads)")
     parser.add_argument("--url", default=DEFAULT_URL)
+    parser.add_argument(
+        "--wire",
+        choices=("vllm", "deepgram"),
+        default="vllm",
+        help="vLLM's realtime protocol, or Deepgram's live one (/v1/listen on --url's server)",
+    )
     pace = parser.add_mutually_exclusive_group()
     pace.add_argument("--realtime", action="store_true", help="pace at real time (the default)")
     pace.add_argument("--speed", type=float, default=1.0, help="pace at X times real time; 0 = unpaced")
@@ -65,72 +72,124 @@ def refusal_notice(prog: str) -> Callable[[InvalidStatus], None]:
     return say
 
 
+def _shower(args: argparse.Namespace, quiet: bool) -> Callable[[dict], None]:
+    """What prints the server's events as they come: as JSON lines, or the committed text with
+    the interim tail trailing it on a terminal."""
+    committed: list[str] = []
+
+    def show(event: dict) -> None:
+        if quiet:
+            return
+        if args.json:
+            print(json.dumps(event), flush=True)
+            return
+        kind, delta, tail = event.get("type"), None, None
+        if kind == "transcription.delta":
+            delta = event["delta"]
+        elif kind == "transcription.interim":
+            tail = event["text"]
+        elif kind == "Results":  # Deepgram's: final ones are committed text
+            text = event["channel"]["alternatives"][0]["transcript"]
+            if event["is_final"] and text:
+                delta = f" {text}" if committed else text
+            elif not event["is_final"]:
+                tail = text
+        if delta is not None:
+            committed.append(delta)
+            print(delta, end="", flush=True)
+        elif tail is not None and sys.stdout.isatty():
+            text = "".join(committed)[-80:]
+            print(f"\r\x1b[K{text} \x1b[2m{tail}\x1b[0m", end="", flush=True)
+
+    return show
+
+
+async def _listened(args: argparse.Namespace, samples, speed: float, quiet: bool) -> Utterance | int:
+    """One recording on Deepgram's wire (its own connection), or the exit status saying why not."""
+    try:
+        return await listen(
+            args.url,
+            float32_to_pcm16(samples),
+            "linear16",
+            SAMPLE_RATE,
+            args.api_key,
+            args.chunk_ms,
+            speed,
+            _shower(args, quiet),
+            args.interim,
+            args.language,
+            args.speakers,
+        )
+    except InvalidStatus as exc:
+        return _fail(EXIT_CONNECTION, f"server refused the connection: HTTP {exc.response.status_code}")
+    except (OSError, InvalidHandshake, TimeoutError) as exc:
+        return _fail(EXIT_CONNECTION, f"cannot connect to {args.url}: {exc}")
+    except WebSocketException as exc:
+        return _fail(EXIT_CONNECTION, f"connection lost: {exc}")
+
+
 async def _stream(args: argparse.Namespace, audios: list) -> int:
     status, connection = EXIT_OK, None
     speed = 1.0 if args.realtime else args.speed
     quiet = args.format != "text" and args.output is None  # a document on stdout is all it carries
     try:
         for path, samples in audios:
-            try:
-                connection = await reopened(
-                    connection, args.url, args.api_key, args.retry_seconds, refusal_notice("stream")
-                )
-            except InvalidStatus as exc:
-                return _fail(
-                    EXIT_CONNECTION, f"server refused the connection: HTTP {exc.response.status_code}"
-                )
-            except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
-                return _fail(EXIT_CONNECTION, f"cannot connect to {args.url}: {exc}")
-            committed: list[str] = []
-
-            def show(event: dict, committed: list[str] = committed) -> None:
-                if quiet:
-                    return
-                if args.json:
-                    print(json.dumps(event), flush=True)
-                elif event.get("type") == "transcription.delta":
-                    committed.append(event["delta"])
-                    print(event["delta"], end="", flush=True)
-                elif event.get("type") == "transcription.interim" and sys.stdout.isatty():
-                    text = "".join(committed)[-80:]
-                    print(f"\r\x1b[K{text} \x1b[2m{event['text']}\x1b[0m", end="", flush=True)
-
-            try:
-                result = await stream_utterance(
-                    connection,
-                    samples,
-                    args.chunk_ms,
-                    speed,
-                    show,
-                    args.interim,
-                    args.language,
-                    word_timestamps=args.format in ("json", "srt", "vtt"),
-                    speakers=args.speakers,
-                )
-            except WebSocketException as exc:
-                return _fail(EXIT_CONNECTION, f"connection lost while streaming {path}: {exc}")
-            document = render(args.format, result.text, result.words)
-            if args.output is not None:
+            if args.wire == "deepgram":
+                result = await _listened(args, samples, speed, quiet)
+                if isinstance(result, int):
+                    return result
+            else:
                 try:
-                    with open(args.output, "w", encoding="utf-8") as out:
-                        out.write(document)
-                except OSError as exc:
-                    return _fail(EXIT_USAGE, f"cannot write {args.output}: {exc}")
-            if quiet:
-                print(document, end="", flush=True)
-            elif not args.json:
-                print(f"\r\x1b[K{result.text}" if sys.stdout.isatty() else f"\n{result.text}", flush=True)
-            for error in result.errors:
-                print(
-                    f"voxrt stream: server error {error.get('code')}: {error.get('error')}", file=sys.stderr
-                )
-                status = EXIT_SERVER_ERROR
+                    connection = await reopened(
+                        connection, args.url, args.api_key, args.retry_seconds, refusal_notice("stream")
+                    )
+                except InvalidStatus as exc:
+                    return _fail(
+                        EXIT_CONNECTION, f"server refused the connection: HTTP {exc.response.status_code}"
+                    )
+                except (OSError, InvalidHandshake, TimeoutError, ServerError) as exc:
+                    return _fail(EXIT_CONNECTION, f"cannot connect to {args.url}: {exc}")
+                try:
+                    result = await stream_utterance(
+                        connection,
+                        samples,
+                        args.chunk_ms,
+                        speed,
+                        _shower(args, quiet),
+                        args.interim,
+                        args.language,
+                        word_timestamps=args.format in ("json", "srt", "vtt"),
+                        speakers=args.speakers,
+                    )
+                except WebSocketException as exc:
+                    return _fail(EXIT_CONNECTION, f"connection lost while streaming {path}: {exc}")
+            finished = _finish(args, quiet, result, render(args.format, result.text, result.words))
+            if finished == EXIT_USAGE:
+                return finished
+            status = finished or status
             if result.done is None:
                 return EXIT_SERVER_ERROR
     finally:
         if connection is not None:
             await connection.close()
     return status
+
+
+def _finish(args: argparse.Namespace, quiet: bool, result: Utterance, document: str) -> int:
+    """The transcript written where asked and the server's errors told: the exit status."""
+    if args.output is not None:
+        try:
+            with open(args.output, "w", encoding="utf-8") as out:
+                out.write(document)
+        except OSError as exc:
+            return _fail(EXIT_USAGE, f"cannot write {args.output}: {exc}")
+    if quiet:
+        print(document, end="", flush=True)
+    elif not args.json:
+        print(f"\r\x1b[K{result.text}" if sys.stdout.isatty() else f"\n{result.text}", flush=True)
+    for error in result.errors:
+        print(f"voxrt stream: server error {error.get('code')}: {error.get('error')}", file=sys.stderr)
+    return EXIT_SERVER_ERROR if result.errors else EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:

@@ -120,7 +120,9 @@ class RealtimeServer:
         if request.url.path == LISTEN_PATH:
             request_id = deepgram_wire.new_request_id()
             body = json.dumps(deepgram_wire.refusal_body(code, message, request_id))
-            headers = {**(headers or {}), "dg-error": message[:200], "dg-request-id": request_id}
+            # A header is Latin-1: what a client put in the query is told in ASCII escapes.
+            told = message[:200].encode("ascii", "backslashreplace").decode()
+            headers = {**(headers or {}), "dg-error": told, "dg-request-id": request_id}
         elif _wants_openai(request):
             body = openai_wire.error(code, message)
         else:

@@ -64,6 +64,24 @@ def test_stream_prints_the_transcript_and_json_events(server, welcome):
     }
 
 
+@pytest.mark.slow
+def test_stream_on_deepgrams_wire_prints_the_transcript_events_and_captions(server, welcome, tmp_path):
+    _, text = welcome
+    result = voxrt("stream", WELCOME, "--url", server.url, "--wire", "deepgram", "--speed", "4")
+    assert result.returncode == 0, result.stderr
+    assert word_error_rate(text, result.stdout.strip().splitlines()[-1]) <= 0.1, result.stdout
+    result = voxrt("stream", WELCOME, "--url", server.url, "--wire", "deepgram", "--speed", "0", "--json")
+    messages = [json.loads(line) for line in result.stdout.splitlines()]
+    assert result.returncode == 0 and messages[-1]["type"] == "Metadata"
+    assert {m["type"] for m in messages} == {"Results", "Metadata"}
+    out = tmp_path / "welcome.srt"
+    args = ("--wire", "deepgram", "--speed", "0", "--format", "srt", "-o", str(out))
+    result = voxrt("stream", WELCOME, "--url", server.url, *args)
+    assert result.returncode == 0, result.stderr
+    cues = [c.content for c in srt.parse(out.read_text())]
+    assert cues and word_error_rate(text, " ".join(cues).replace("\n", " ")) <= 0.1
+
+
 def test_stream_writes_captions_the_format_libraries_read_back(server, tmp_path):
     result = voxrt("stream", WELCOME, "--url", server.url, "--speed", "0", "--format", "json")
     assert result.returncode == 0, result.stderr

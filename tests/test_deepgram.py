@@ -29,6 +29,8 @@ from voxtral.whisper.runner import WhisperRunner
 pytestmark = pytest.mark.slow
 KEY = "dg-test"
 MOST_WER = 0.35  # tiny.en on the call errs at about 0.2; a call half heard at 0.5 or more
+# Through a phone line's coding (36 dB of quantization noise) tiny.en streams it a little worse.
+MOST_WER_G711 = 0.4
 CHUNK_SECONDS = 0.1
 SENTENCES = ["The library opens in the morning and closes in the evening.", "Please turn off your phone."]
 
@@ -143,7 +145,7 @@ def test_turns_end_with_speech_final_and_an_utterance_end_after_the_gap(server, 
             "endpointing": "500",
         }
         async with listen_live(server, **options) as connection:
-            await send(connection, pcm(audio), 32000, speed=1.0)
+            await send(connection, pcm(audio), 32000, speed=2.0)
             await connection.send_close_stream()
             return await listen(connection)
 
@@ -165,20 +167,22 @@ def test_turns_end_with_speech_final_and_an_utterance_end_after_the_gap(server, 
     assert whisper_wer(" ".join(SENTENCES), transcript(messages)) <= 0.2, transcript(messages)
 
 
-def test_a_phone_lines_mulaw_at_8_khz_gives_the_calls_words(server, call):
+@pytest.mark.parametrize("encoding", ["mulaw", "alaw"])
+def test_a_phone_lines_g711_at_8_khz_gives_the_calls_words(server, call, encoding):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # audioop: the reference coder here
         import audioop
-    mulaw = audioop.lin2ulaw(pcm(soxr.resample(call.audio, 16000, 8000)), 2)
+    linear = pcm(soxr.resample(call.audio, 16000, 8000))
+    coded = audioop.lin2ulaw(linear, 2) if encoding == "mulaw" else audioop.lin2alaw(linear, 2)
 
     async def run() -> list[dict]:
-        async with listen_live(server, encoding="mulaw", sample_rate="8000") as connection:
-            await send(connection, mulaw, 8000, speed=8.0)
+        async with listen_live(server, encoding=encoding, sample_rate="8000") as connection:
+            await send(connection, coded, 8000, speed=8.0)
             await connection.send_close_stream()
             return await listen(connection)
 
     messages = asyncio.run(asyncio.wait_for(run(), 120))
-    assert whisper_wer(call.text, transcript(messages)) <= MOST_WER, transcript(messages)
+    assert whisper_wer(call.text, transcript(messages)) <= MOST_WER_G711, transcript(messages)
     assert messages[-1]["duration"] == pytest.approx(30.0, abs=0.01)
 
 
@@ -198,8 +202,8 @@ def test_finalize_sends_what_was_said_from_finalize_and_the_stream_goes_on(serve
             return first, await listen(connection)
 
     first, rest = asyncio.run(asyncio.wait_for(run(), 120))
-    assert whisper_wer(SENTENCES[0], transcript(first)) <= 0.2, transcript(first)
-    assert whisper_wer(SENTENCES[1], transcript(rest)) <= 0.2, transcript(rest)
+    assert whisper_wer(SENTENCES[0], transcript(first)) <= 0.3, transcript(first)
+    assert whisper_wer(SENTENCES[1], transcript(rest)) <= 0.3, transcript(rest)
     assert not any(m.get("speech_final") for m in first + rest)  # endpointing=false: no turn ends
     # The second part's words are on the session's clock, after the first part's audio.
     words = [w for m in finals(rest) for w in m["channel"]["alternatives"][0]["words"]]
@@ -254,27 +258,26 @@ def test_deepgrams_keys_token_header_and_subprotocol(server):
                 async with raw(server, query, headers, subprotocols):
                     pass
             assert refused.value.response.status_code == 401
+            assert json.loads(refused.value.response.body)["err_code"] == "INVALID_AUTH"
 
     asyncio.run(asyncio.wait_for(run(), 60))
 
 
-def test_a_quiet_stream_is_closed_with_net_0001_after_10_s_and_keepalive_holds_it(server):
+def test_a_quiet_stream_is_closed_with_net_0001_10_s_after_its_last_keepalive(server):
     async def run() -> tuple[float, float]:
         async with raw(server, "encoding=linear16&sample_rate=16000") as ws:
-            started = time.monotonic()
-            for _ in range(4):  # 12 s of KeepAlive, each 3 s apart
-                await asyncio.sleep(3)
-                await ws.send(json.dumps({"type": "KeepAlive"}))
-            kept = time.monotonic() - started
-            quiet = time.monotonic()
+            opened = time.monotonic()
+            await asyncio.sleep(6)
+            await ws.send(json.dumps({"type": "KeepAlive"}))
+            kept = time.monotonic()
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
                     await ws.recv()
             assert closed.value.rcvd.code == 1011 and closed.value.rcvd.reason == "NET-0001"
-            return kept, time.monotonic() - quiet
+            return time.monotonic() - opened, time.monotonic() - kept
 
-    kept, closed_after = asyncio.run(asyncio.wait_for(run(), 60))
-    assert kept >= 12 and 9 <= closed_after <= 20
+    open_for, after_keepalive = asyncio.run(asyncio.wait_for(run(), 60))
+    assert open_for >= 16 and 10 <= after_keepalive <= 20  # the KeepAlive held it past 10 s
 
 
 def test_a_hostile_client_gets_errors_and_a_bystander_beside_it_is_unharmed(server, call):

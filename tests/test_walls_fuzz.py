@@ -1,16 +1,18 @@
-"""Hostile values in every field of every client event, on both wires, while bystanders stream
-real speech: each bystander's text is exactly its text alone (Voxtral's tokens do not depend on
-their neighbours in a batch), the server stays ready, and no connection but an attacker's is
-closed, never with 1006 or 1011."""
+"""Hostile values in every field of every client event, on every wire (Deepgram's query too,
+and its frames in any order), while bystanders on all three wires stream real speech: each
+bystander's text is exactly its text alone (Voxtral's tokens do not depend on their neighbours
+in a batch), the server stays ready, and no connection but an attacker's is closed, never with
+1006 or 1011."""
 
 import base64
 import json
 import threading
+from urllib.parse import urlencode
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from realtime.config import ServedModel, ServerConfig
@@ -93,6 +95,29 @@ openai_events = st.builds(
 )
 
 
+# Deepgram's wire: its control messages and audio frames in any order, and hostile queries.
+DEEPGRAM = "/v1/listen?encoding=linear16&sample_rate=16000"
+DEEPGRAM_TYPES = ["KeepAlive", "Finalize", "CloseStream"]
+deepgram_frames = st.one_of(
+    st.builds(
+        lambda kind, fields: {"type": kind, **fields}, st.sampled_from(DEEPGRAM_TYPES) | strings, shaped()
+    ),
+    st.binary(max_size=3200),
+    strings.filter(lambda text: text.encode("utf-8", "surrogatepass").decode("utf-8", "ignore") == text),
+    junk.map(json.dumps),
+)  # a text frame is UTF-8: a lone surrogate cannot be sent in one (json.dumps escapes it)
+QUERY_NAMES = [
+    "encoding", "sample_rate", "channels", "multichannel", "interim_results", "endpointing",
+    "utterance_end_ms", "vad_events", "diarize", "diarize_model", "keyterm", "keywords", "language",
+    "model", "punctuate", "tag",
+]  # fmt: skip
+hostile = st.dictionaries(
+    st.sampled_from(QUERY_NAMES) | st.text(max_size=8), strings | numbers.map(str), max_size=6
+)
+# Half of them with a valid coding, so that the rest of the query is read and served.
+queries = hostile | hostile.map(lambda q: {**q, "encoding": "linear16", "sample_rate": "16000"})
+
+
 def vllm_text(harness: ServerThread, samples) -> str:
     with harness.connect() as ws:
         stream(ws, samples, chunk=1280)
@@ -120,28 +145,45 @@ def openai_text(harness: ServerThread, samples) -> str:
         ]
 
 
-BYSTANDERS = {"vllm": vllm_text, "openai": openai_text}
+def deepgram_text(harness: ServerThread, samples) -> str:
+    """Binary PCM16 frames, then CloseStream: its final results' text, without the spaces
+    between results (a result holds a delta, which may end inside a word)."""
+    url = harness.url.removesuffix("/v1/realtime") + DEEPGRAM
+    with connect(url, open_timeout=10) as ws:
+        for offset in range(0, len(samples), 1280):
+            ws.send((samples[offset : offset + 1280] * 32767).astype("<i2").tobytes())
+        ws.send(json.dumps({"type": "CloseStream"}))
+        texts = []
+        while (message := json.loads(ws.recv(timeout=120)))["type"] != "Metadata":
+            if message["type"] == "Results" and message["is_final"]:
+                texts.append(message["channel"]["alternatives"][0]["transcript"])
+    return "".join("".join(texts).split())
+
+
+BYSTANDERS = {"vllm": vllm_text, "openai": openai_text, "deepgram": deepgram_text}
 
 
 class Attacker:
     """A connection on one wire that sends what it is given; reconnects when the server closes
     it, and keeps the codes it was closed with."""
 
-    def __init__(self, harness: ServerThread, query: str) -> None:
-        self.url = harness.url + query
+    def __init__(self, harness: ServerThread, path: str) -> None:
+        self.url = harness.url.removesuffix("/v1/realtime") + path
+        self.greets = not path.startswith("/v1/listen")  # Deepgram says nothing at first
         self.closes: list[int | None] = []
         self.ws = self._connect()
 
     def _connect(self) -> ClientConnection:
         ws = connect(self.url, open_timeout=10, max_size=None)
-        ws.recv(timeout=10)  # created
+        if self.greets:
+            ws.recv(timeout=10)  # created
         return ws
 
-    def throw(self, events: list[dict]) -> None:
+    def throw(self, events: list[dict | str | bytes]) -> None:
         """The events, then a sentinel (an unknown type): every answer up to its error is read."""
         try:
             for event in events:
-                self.ws.send(json.dumps(event))
+                self.ws.send(event if isinstance(event, str | bytes) else json.dumps(event))
             self.ws.send(SENTINEL)
             while "fuzz.sentinel" not in self.ws.recv(timeout=60):
                 pass
@@ -160,8 +202,34 @@ def voxtral_server(voxtral_dirs):
     harness.stop()
 
 
+ATTACKS = {
+    "vllm": ("/v1/realtime", vllm_events),
+    "openai": ("/v1/realtime" + OPENAI, openai_events),
+    "deepgram": (DEEPGRAM, deepgram_frames),
+}
+
+
+def hostile_queries(harness: ServerThread) -> None:
+    """Upgrades with hostile queries on Deepgram's wire: each refused (400) or served, and a
+    served one closes cleanly."""
+    base = harness.url.removesuffix("/v1/realtime") + "/v1/listen"
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(queries)
+    def upgrade(query):
+        url = base + "?" + urlencode(query, errors="surrogatepass")
+        try:
+            with connect(url, open_timeout=10) as ws:
+                ws.send(json.dumps({"type": "CloseStream"}))
+                assert json.loads(ws.recv(timeout=30))["type"] == "Metadata"
+        except InvalidStatus as refused:
+            assert refused.response.status_code == 400, refused.response.body
+
+    upgrade()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("wire", ["vllm", "openai"])
+@pytest.mark.parametrize("wire", ["vllm", "openai", "deepgram"])
 def test_hostile_fields_reach_no_bystander(voxtral_server, welcome, wire):
     samples = welcome[0][: 16000 * 3]
     alone = {name: text(voxtral_server, samples) for name, text in BYSTANDERS.items()}
@@ -170,10 +238,11 @@ def test_hostile_fields_reach_no_bystander(voxtral_server, welcome, wire):
         threading.Thread(target=lambda n=name, t=text: texts.update({n: t(voxtral_server, samples)}))
         for name, text in BYSTANDERS.items()
     ]
-    attacker = Attacker(voxtral_server, OPENAI if wire == "openai" else "")
+    path, events = ATTACKS[wire]
+    attacker = Attacker(voxtral_server, path)
 
     @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(st.lists(openai_events if wire == "openai" else vllm_events, min_size=1, max_size=4))
+    @given(st.lists(events, min_size=1, max_size=4))
     def attack(events):
         attacker.throw(events)
 
@@ -181,6 +250,8 @@ def test_hostile_fields_reach_no_bystander(voxtral_server, welcome, wire):
         bystander.start()
     try:
         attack()
+        if wire == "deepgram":
+            hostile_queries(voxtral_server)
     finally:
         for bystander in bystanders:
             bystander.join(timeout=120)

@@ -61,8 +61,9 @@ def _base64(value: object) -> bytes:
 
 
 def _pcm16(value: object) -> np.ndarray:
+    data = _base64(value)
     try:
-        return pcm16_to_float32(_base64(value))
+        return pcm16_to_float32(data)
     except ValueError as exc:
         raise PydanticCustomError("invalid_audio", "{why}", {"why": str(exc)}) from None
 

@@ -234,6 +234,11 @@ def error(variant: str, description: str, message: str | None = None) -> str:
     return json.dumps(body, ensure_ascii=False)
 
 
+# voxrt's refusals that Deepgram names its own way, with its words.
+REFUSALS = {"unauthorized": ("INVALID_AUTH", "Invalid credentials.")}
+
+
 def refusal_body(code: str, message: str, request_id: str) -> dict:
     """A refused upgrade's HTTP body, as Deepgram's REST errors read."""
+    code, message = REFUSALS.get(code, (code, message))
     return {"err_code": code, "err_msg": message, "request_id": request_id}
