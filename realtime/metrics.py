@@ -44,6 +44,10 @@ class _EngineCollector:
             "voxrt_engine_steps": ("engine steps run", stats.steps),
             "voxrt_tokens": ("tokens decoded", stats.tokens),
             "voxrt_vad_calls": ("batched VAD calls (all utterances' new audio at once)", stats.vad_calls),
+            "voxrt_turn_model_calls": (
+                "batched semantic end-of-turn calls (every paused turn at once)",
+                stats.turn_model_calls,
+            ),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)

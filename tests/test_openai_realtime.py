@@ -11,6 +11,7 @@ import soxr
 from openai import AsyncOpenAI
 from websockets.sync.client import connect
 
+from benchmarks.real_speech import recording
 from benchmarks.text import normalize_words, word_error_rate
 from clients.audio import float32_to_pcm16
 from realtime.config import ServerConfig
@@ -367,3 +368,39 @@ def test_model_url_16khz_longer_vad_silence_clear_and_item_done(server, turns):
     # Both sentences in one item (1.2 s pauses under a 2 s silence), nothing of the cleared one.
     assert word_error_rate(" ".join(SENTENCES[:2]), completed["transcript"]) <= 0.2, completed
     assert events[-1]["item"]["content"][0]["transcript"] == completed["transcript"]
+
+
+@pytest.mark.slow
+def test_semantic_vad_keeps_a_sentence_paused_in_its_middle_in_one_item(server):
+    """A reader's 1.2 s pause after "It was the age of": server_vad ends a turn there;
+    semantic_vad hears the sentence unfinished and ends it once, after "wisdom", in one item."""
+    from tests.test_turn_model import MID_SENTENCE, PAUSE_SECONDS, spoken
+
+    audio, pause = spoken(recording("two_cities").audio, MID_SENTENCE)
+    audio = np.concatenate([audio, np.zeros(3 * 16000, np.float32)])  # past semantic_vad's longest pause
+    resumed_ms = (pause + PAUSE_SECONDS) * 1000
+
+    async def turns(turn_detection: dict) -> tuple[list[int], str]:
+        """Where each turn ended, through the one after the pause; that one's transcript."""
+        async with client(server).realtime.connect(extra_query={"intent": "transcription"}) as connection:
+            await connection.recv()  # session.created
+            await connection.session.update(session=transcription_session(turn_detection))
+            updated = await connection.recv()
+            assert updated.session.audio.input.turn_detection.type == turn_detection["type"]
+            sender = asyncio.create_task(send_audio(connection, soxr.resample(audio, 16000, 24000), 2.0))
+            ends, last = [], None
+            async for event in connection:
+                assert event.type != "error", event
+                if event.type == "input_audio_buffer.speech_stopped":
+                    ends.append(event.audio_end_ms)
+                    if event.audio_end_ms > resumed_ms:
+                        last = event.item_id
+                if event.type.endswith("transcription.completed") and event.item_id == last:
+                    await sender
+                    return ends, event.transcript
+        raise AssertionError("closed")
+
+    silence, _ = asyncio.run(asyncio.wait_for(turns({"type": "server_vad"}), 60))
+    semantic, said = asyncio.run(asyncio.wait_for(turns({"type": "semantic_vad", "eagerness": "auto"}), 60))
+    assert len(silence) == 2 and silence[0] < resumed_ms, silence
+    assert len(semantic) == 1 and "age of" in said.lower(), (semantic, said)  # the item holds both parts

@@ -18,6 +18,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 
 from voxtral.audio import SAMPLE_RATE
+from voxtral.turn_model import CLIP_SAMPLES
 
 # Importing silero_vad sets torch's threads to 1 for the whole process: the model that
 # shares the process would run on one core. Whoever set them keeps them.
@@ -45,6 +46,11 @@ class VadConfig:
     # and goes on until the probability stays below `threshold - 0.15` for `silence_ms`
     silence_ms: int = 500
     min_speech_ms: int = 96  # a blip shorter than this (3 frames) is not speech
+    # A semantic end of turn: a pause of `silence_ms` ends the turn only where the turn model
+    # (`voxtral/turn_model.py`) hears it complete with at least this probability; a pause it
+    # hears as mid-sentence ends the turn once it has lasted `max_silence_ms`. None: silence alone.
+    complete_at: float | None = None
+    max_silence_ms: int = 0
 
 
 @dataclass
@@ -60,6 +66,11 @@ class VadStream:
     speaking: bool = False
     speech_run: int = 0  # frames in a row at or above the threshold, while not speaking
     silence_from: int | None = None  # while speaking: the first frame of the current silence
+    # Semantic turn ends only: the audio the VAD last read (the turn model's clip), and whether
+    # the current pause awaits the model's judgement or has had it.
+    recent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    awaiting: bool = False
+    judged: bool = False
 
     def feed(self, samples: np.ndarray) -> None:
         self.unread = np.concatenate([self.unread, samples])
@@ -72,6 +83,22 @@ class VadStream:
         heard = np.concatenate([self.context, self.unread[: n * FRAME]])
         return sliding_window_view(heard, CONTEXT + FRAME)[::FRAME]
 
+    def paused_clip(self) -> np.ndarray:
+        """The turn's audio up to where its pause awaiting judgement began, at most the turn
+        model's clip (with the pause left out, the model tells a sentence cut short from one
+        ended more surely)."""
+        end = len(self.recent) - (self.frames_read - self.silence_from) * FRAME
+        return self.recent[max(0, end - CLIP_SAMPLES) : end]
+
+    def judge(self, complete: float) -> "Turn | None":
+        """The turn model's probability that the paused turn is complete: a turn that ends
+        there, or a pause that now waits for `max_silence_ms`."""
+        self.awaiting, self.judged = False, True
+        if complete < self.config.complete_at or not self.speaking or self.silence_from is None:
+            return None
+        self.speaking, start, self.silence_from = False, self.silence_from, None
+        return Turn(False, start * FRAME_MS)
+
     def pause_ms(self) -> int | None:
         """While a turn goes on: where the silence heard now began (ms), too short yet to end it."""
         return self.silence_from * FRAME_MS if self.speaking and self.silence_from is not None else None
@@ -80,7 +107,7 @@ class VadStream:
         """The input ended at `audio_ms`: a turn still going on ends there."""
         if not self.speaking:
             return None
-        self.speaking, self.silence_from = False, None
+        self.speaking, self.silence_from, self.awaiting = False, None, False
         return Turn(False, audio_ms)
 
 
@@ -127,6 +154,8 @@ class Vad:
         for j, (i, n, stream_probs) in enumerate(zip(heard, lengths, split, strict=True)):
             stream = streams[i]
             stream.context = stream.unread[n * FRAME - CONTEXT : n * FRAME].copy()
+            if stream.config.complete_at is not None:  # the turn model's clip ends in these frames
+                stream.recent = np.concatenate([stream.recent[-CLIP_SAMPLES:], stream.unread[: n * FRAME]])
             stream.unread, stream.state = stream.unread[n * FRAME :], states[:, j : j + 1]
             out[i] = stream_probs
         return out
@@ -139,14 +168,17 @@ class Vad:
             if s.speech_run * FRAME_MS < c.min_speech_ms:
                 return None
             start = frame + 1 - s.speech_run
-            s.speaking, s.speech_run = True, 0
+            s.speaking, s.speech_run, s.judged = True, 0, False
             return Turn(True, start * FRAME_MS)
         if prob >= c.threshold:
-            s.silence_from = None
+            s.silence_from, s.awaiting, s.judged = None, False, False
         elif prob < c.threshold - 0.15 and s.silence_from is None:
             s.silence_from = frame
-        if s.silence_from is None or (frame + 1 - s.silence_from) * FRAME_MS < c.silence_ms:
+        if s.silence_from is None or (silent := (frame + 1 - s.silence_from) * FRAME_MS) < c.silence_ms:
+            return None
+        if c.complete_at is not None and silent < c.max_silence_ms:
+            s.awaiting = not s.judged  # the turn model judges this pause, once
             return None
         s.speaking, start = False, s.silence_from
-        s.silence_from = None
+        s.silence_from, s.awaiting = None, False
         return Turn(False, start * FRAME_MS)

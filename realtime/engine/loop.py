@@ -27,6 +27,7 @@ from realtime.engine.utterance import Utterances
 from scheduler import Scheduler, SchedulerOutput
 from voxtral.runner import ModelRunner, StepResult, Transcription
 from voxtral.speaker_encoder import SpeakerEncoder
+from voxtral.turn_model import TurnModel
 from voxtral.vad import Vad, VadConfig
 
 log = structlog.get_logger(__name__)
@@ -46,6 +47,7 @@ class Engine:
         self.utterances = Utterances(runner, self.scheduler, Ingest(runner, self.feature_cache), self.config)
         self.vad = Vad()
         self.speaker_encoder = SpeakerEncoder()
+        self.turn_model = TurnModel()
         self.capacity = Capacity(
             self.config.capacity,
             runner.spec.step_period_seconds,
@@ -181,7 +183,7 @@ class Engine:
         With two steps in flight the host schedules step N+1 and hands out step N-1's
         text while the device runs step N.
         """
-        self.utterances.detect_turns(self.vad, self.speaker_encoder)
+        self.utterances.detect_turns(self.vad, self.speaker_encoder, self.turn_model)
         out = self.scheduler.schedule()
         if out.scheduled:
             self._submit(out)
@@ -231,6 +233,7 @@ class Engine:
             tokens=self.num_tokens,
             kv_slots_used=self.runner.num_slots_in_use,
             vad_calls=self.vad.calls,
+            turn_model_calls=self.turn_model.calls,
             consumed_samples=self.utterances.consumed_samples(),
             busy_share=capacity.busy_share(now),
             capacity_sessions=capacity.sessions(self.config.capacity.target_busy),

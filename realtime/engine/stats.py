@@ -18,6 +18,7 @@ class EngineStats:
     tokens: int = 0
     kv_slots_used: int = 0
     vad_calls: int = 0  # batched VAD calls: at most one per step
+    turn_model_calls: int = 0  # batched semantic end-of-turn judgements: at most one per step
     # Per live utterance, its client audio the engine has computed: connections pace reads by it.
     consumed_samples: dict[str, int] = field(default_factory=dict)
     busy_share: float = 0.0  # of the model's wall time, over the capacity window

@@ -19,6 +19,7 @@ from voxtral.errors import NoFreeSlot
 from voxtral.runner import ModelRunner, UtteranceOutput, run_rows
 from voxtral.speaker_encoder import SpeakerEncoder
 from voxtral.speakers import Segment, SpeakerStream
+from voxtral.turn_model import TurnModel
 from voxtral.vad import Turn, Vad, VadConfig, VadStream
 
 log = structlog.get_logger(__name__)
@@ -116,12 +117,13 @@ class Utterances(dict[str, Utterance]):
             utterance.id, self.ingest.append(utterance.buffer, samples, utterance.id, arrived_at)
         )
 
-    def detect_turns(self, vad: Vad, speaker_encoder: SpeakerEncoder) -> None:
+    def detect_turns(self, vad: Vad, speaker_encoder: SpeakerEncoder, turn_model: TurnModel) -> None:
         """VAD over every utterance's new audio in one batched call; each turn goes to the
         family (endpointing, skipping silence) and to the listener. Input that ends during
-        speech ends the turn there. The same frames cut the speech of those that asked for
-        speakers, whose due clips are embedded in one more batched call. A fault fails the
-        utterances it comes from alone."""
+        speech ends the turn there. Pauses that a semantic end of turn judges are judged in one
+        more batched call, and the same frames cut the speech of those that asked for
+        speakers, whose due clips are embedded in another. A fault fails the utterances it
+        comes from alone."""
         live = [
             u
             for u in self.values()
@@ -129,13 +131,26 @@ class Utterances(dict[str, Utterance]):
         ]
         heard = run_rows(vad.probabilities, [u.vad for u in live])
         clips: list[tuple[Utterance, Segment, np.ndarray]] = []
+        turns: dict[str, list[Turn]] = {}
         for utterance, probabilities in zip(live, heard, strict=True):
             with self.walled(utterance):
                 if isinstance(probabilities, Exception):
                     raise probabilities
-                self._turns(utterance, vad.track(utterance.vad, probabilities))
+                turns[utterance.id] = vad.track(utterance.vad, probabilities)
                 if utterance.speakers is not None:
                     clips += [(utterance, *clip) for clip in utterance.speakers.hear(probabilities)]
+        paused = [u for u in live if u.id in turns and u.vad.awaiting]
+        verdicts = run_rows(turn_model.complete, [u.vad.paused_clip() for u in paused])
+        for utterance, complete in zip(paused, verdicts, strict=True):
+            with self.walled(utterance):
+                if isinstance(complete, Exception):
+                    raise complete
+                if (ended := utterance.vad.judge(complete)) is not None:
+                    turns[utterance.id].append(ended)
+        for utterance in live:
+            if utterance.id in turns and utterance.id in self:
+                with self.walled(utterance):
+                    self._turns(utterance, turns[utterance.id])
         embeddings = run_rows(speaker_encoder.embed, [clip for _, _, clip in clips])
         for (utterance, segment, _), embedding in zip(clips, embeddings, strict=True):
             if utterance.id in self:

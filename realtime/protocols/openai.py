@@ -35,6 +35,7 @@ from realtime.protocols.openai_wire import (
     Clear,
     Commit,
     InputFormat,
+    SemanticVad,
     ServerVad,
     TranscriptionSettings,
     Update,
@@ -49,7 +50,6 @@ from realtime.protocols.openai_wire import (
 from realtime.protocols.port import SessionPort
 from voxtral.audio import SAMPLE_RATE, decode
 from voxtral.runner import TimedWord
-from voxtral.vad import VadConfig
 
 # The transcription model name that asks for speakers: served as the served model, diarized.
 DIARIZE_MODEL = "gpt-4o-transcribe-diarize"
@@ -89,7 +89,7 @@ class OpenAISession:
         self.connection = connection
         self.session_id = new_id("sess")
         self.settings = TranscriptionSettings()  # model, language, prompt as the client set them
-        self.vad: ServerVad | None = ServerVad()
+        self.vad: ServerVad | SemanticVad | None = ServerVad()
         self.format = InputFormat()
         self.resampler: soxr.ResampleStream | None = self._resampler()
         self.utterance: str | None = None  # the one receiving audio; its last item is the input buffer
@@ -164,9 +164,7 @@ class OpenAISession:
         if self.resampler is not None:
             samples = self.resampler.resample_chunk(samples)
         if self.utterance is None:
-            vad = self.vad and VadConfig(
-                threshold=self.vad.threshold, silence_ms=self.vad.silence_duration_ms
-            )
+            vad = self.vad and self.vad.vad_config()
             settings = self.settings
             logprobs, diarize = bool(settings.logprobs), settings.model == DIARIZE_MODEL
             asked = transcription(

@@ -7,7 +7,7 @@ Shapes follow the openai Python SDK's `types/realtime` (GA `session.update` with
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Annotated, Literal, get_args
+from typing import Annotated, ClassVar, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -15,6 +15,7 @@ from realtime.protocols.common import Base64, Code, Name, Prompt, WireObject, pa
 from voxtral.audio import Encoding
 from voxtral.g711 import RATE as G711_RATE
 from voxtral.runner import TimedWord
+from voxtral.vad import VadConfig
 
 Include = list[Literal["item.input_audio_transcription.logprobs"]]  # the one a transcription session has
 LOGPROBS: str = get_args(get_args(Include)[0])[0]
@@ -25,6 +26,28 @@ class ServerVad(WireObject):
     threshold: Annotated[float, Field(ge=0, le=1)] = 0.5
     prefix_padding_ms: Annotated[int, Field(ge=0, le=10_000)] = 300
     silence_duration_ms: Annotated[int, Field(ge=0, le=10_000)] = 500
+
+    def vad_config(self) -> VadConfig:
+        return VadConfig(threshold=self.threshold, silence_ms=self.silence_duration_ms)
+
+
+# semantic_vad's eagerness: how sure the turn model must be that a pause ends the turn, and how
+# long a pause it hears as mid-sentence may last (OpenAI's timeouts: 8, 4 and 2 s).
+EAGERNESS = {"low": (0.8, 8000), "medium": (0.5, 4000), "auto": (0.5, 4000), "high": (0.3, 2000)}
+SEMANTIC_PAUSE_MS = 300  # a pause this long is judged
+
+
+class SemanticVad(WireObject):
+    type: Literal["semantic_vad"]
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"
+    prefix_padding_ms: ClassVar[int] = 300  # semantic_vad has no padding to set: server_vad's default
+
+    def vad_config(self) -> VadConfig:
+        complete_at, longest = EAGERNESS[self.eagerness]
+        return VadConfig(silence_ms=SEMANTIC_PAUSE_MS, complete_at=complete_at, max_silence_ms=longest)
+
+
+TurnDetection = Annotated[ServerVad | SemanticVad, Field(union_mode="left_to_right")]
 
 
 # Each format's coding; G.711's (a phone line's) is always 8 kHz.
@@ -74,7 +97,7 @@ class InputTranscription(WireObject):
 class AudioInput(WireObject):
     format: AudioFormat | None = None
     transcription: InputTranscription | None = None
-    turn_detection: ServerVad | None = None  # null turns it off; absent leaves it as it is
+    turn_detection: TurnDetection | None = None  # null turns it off; absent leaves it as it is
 
 
 class Audio(WireObject):
@@ -89,7 +112,7 @@ class TranscriptionSettings:
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
-    turn_detection: ServerVad | None = None
+    turn_detection: TurnDetection | None = None
     set_turn_detection: bool = False  # the update names turn_detection (null turns it off)
     logprobs: bool | None = None  # `include` names LOGPROBS: deltas and completed carry them
 
@@ -112,7 +135,7 @@ class BetaSession(WireObject):
 
     input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
     input_audio_transcription: InputTranscription | None = None
-    turn_detection: ServerVad | None = None
+    turn_detection: TurnDetection | None = None
     include: Include | None = None
 
     def settings(self) -> TranscriptionSettings:
@@ -204,7 +227,7 @@ def session_object(
     model: str,
     audio_format: InputFormat,
     settings: TranscriptionSettings,
-    vad: ServerVad | None,
+    vad: ServerVad | SemanticVad | None,
 ) -> dict:
     turn_detection = None
     if vad is not None:
