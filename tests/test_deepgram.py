@@ -19,6 +19,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from benchmarks.conversation_set import phone_call
+from benchmarks.real_speech import recording
 from benchmarks.text import whisper_wer
 from clients.audio import float32_to_pcm16
 from realtime.config import ServerConfig
@@ -167,6 +168,27 @@ def test_turns_end_with_speech_final_and_an_utterance_end_after_the_gap(server, 
     assert whisper_wer(" ".join(SENTENCES), transcript(messages)) <= 0.2, transcript(messages)
 
 
+def test_eot_threshold_keeps_a_sentence_paused_in_its_middle_one_turn(server):
+    """voxrt's extension (Flux's names): with `eot_threshold` a reader's 1.2 s pause after "It
+    was the age of" is no `speech_final`; with endpointing alone it is one."""
+    from tests.test_turn_model import MID_SENTENCE, spoken
+
+    audio, pause = spoken(recording("two_cities").audio, MID_SENTENCE)
+
+    async def speech_finals(**options) -> list[float]:
+        async with listen_live(server, endpointing="300", **options) as connection:
+            await send(connection, pcm(audio), 32000, speed=2.0)
+            await connection.send_close_stream()
+            messages = await listen(connection)
+        return [m["start"] + m["duration"] for m in finals(messages) if m["speech_final"]]
+
+    silence = asyncio.run(asyncio.wait_for(speech_finals(), 60))
+    extension = {"additional_query_parameters": {"eot_threshold": "0.5", "eot_timeout_ms": "2000"}}
+    semantic = asyncio.run(asyncio.wait_for(speech_finals(request_options=extension), 60))
+    assert len(silence) == 2 and silence[0] < pause + 1.0, silence
+    assert len(semantic) == 1 and semantic[0] > pause + 1.2, semantic
+
+
 @pytest.mark.parametrize("encoding", ["mulaw", "alaw"])
 def test_a_phone_lines_g711_at_8_khz_gives_the_calls_words(server, call, encoding):
     with warnings.catch_warnings():
@@ -220,6 +242,7 @@ def test_finalize_sends_what_was_said_from_finalize_and_the_stream_goes_on(serve
         "encoding=linear16&sample_rate=16000&utterance_end_ms=1000",  # without interim_results
         "encoding=linear16&sample_rate=16000&interim_results=yes",
         "encoding=linear16&sample_rate=16000&language=fr",  # tiny.en hears English only
+        "encoding=linear16&sample_rate=16000&eot_threshold=2",
     ],
 )
 def test_a_wrong_query_is_refused_at_the_upgrade_with_deepgrams_error(server, query):

@@ -41,7 +41,6 @@ from realtime.protocols.deepgram_wire import (
 from realtime.protocols.port import IdleClose, SessionPort
 from voxtral.audio import SAMPLE_RATE, decode
 from voxtral.runner import TimedWord, Transcription
-from voxtral.vad import VadConfig
 
 # Deepgram closes a stream that sends neither audio nor a message for this long (NET-0001).
 IDLE = IdleClose(10.0, 1011, "NET-0001", "no audio or KeepAlive for 10 s")
@@ -125,10 +124,7 @@ class DeepgramSession:
         if self.connection.draining or not len(samples):
             return
         if self.utterance is None:
-            vad = None
-            if self.options.wants_vad:
-                vad = VadConfig(silence_ms=self.options.endpointing_ms or VadConfig.silence_ms)
-            self.utterance = self.connection.start_utterance(vad, self.transcription)
+            self.utterance = self.connection.start_utterance(self.options.vad(), self.transcription)
             self.streams[self.utterance] = Stream(self.clock)
         self.connection.add_audio(self.utterance, samples)
         self.samples += len(samples)

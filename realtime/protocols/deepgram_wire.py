@@ -16,12 +16,14 @@ from datetime import UTC, datetime
 from realtime.protocols.common import MAX_CODE_CHARS, MAX_NAME_CHARS, MAX_PROMPT_CHARS, ProtocolError
 from voxtral.audio import Encoding
 from voxtral.runner import TimedWord
+from voxtral.vad import VadConfig
 
 ENCODINGS: dict[str, Encoding] = {"linear16": "pcm16", "mulaw": "mulaw", "alaw": "alaw"}
 # The shortest pause that ends a turn: Silero's frames are 32 ms and a turn ended at every
 # breath would cut Whisper's windows mid-sentence. Deepgram's own default (10 ms) is taken as this.
 MIN_ENDPOINTING_MS = 300
 MIN_UTTERANCE_END_MS = 1000  # Deepgram's floor: shorter gaps are refused
+EOT_TIMEOUT_MS = 5000  # Flux's default: a pause heard as mid-sentence ends the turn after this
 MAX_MS = 60_000
 CHANNEL_INDEX = [0, 1]  # the first of one channel
 MODEL_VERSION = "voxrt"
@@ -42,11 +44,21 @@ class ListenOptions:
     diarize: bool = False
     prompt: str = ""  # `keyterm` and `keywords`, as the words said before
     tags: tuple[str, ...] = ()
+    # voxrt's extension, named as Deepgram's Flux names its own: an endpointing pause ends the
+    # turn where the turn model hears it complete with this probability, else after the timeout.
+    eot_threshold: float | None = None
+    eot_timeout_ms: int = EOT_TIMEOUT_MS
 
-    @property
-    def wants_vad(self) -> bool:
-        """Turns are found in the audio: for `speech_final`, `UtteranceEnd` or `SpeechStarted`."""
-        return self.endpointing_ms is not None or self.utterance_end_ms is not None or self.vad_events
+    def vad(self) -> VadConfig | None:
+        """The VAD the turns need: for `speech_final`, `UtteranceEnd` or `SpeechStarted`."""
+        if self.endpointing_ms is None and self.utterance_end_ms is None and not self.vad_events:
+            return None
+        silence = self.endpointing_ms or VadConfig.silence_ms
+        if self.eot_threshold is None or self.endpointing_ms is None:
+            return VadConfig(silence_ms=silence)
+        return VadConfig(
+            silence_ms=silence, complete_at=self.eot_threshold, max_silence_ms=self.eot_timeout_ms
+        )
 
 
 def _flag(query: Mapping[str, str], name: str, default: bool = False) -> bool:
@@ -95,6 +107,15 @@ def listen_options(query: Mapping[str, str], all_values: Mapping[str, list[str]]
     if language is not None:
         language = None if language == "multi" else language.split("-")[0][:MAX_CODE_CHARS]
     terms = all_values.get("keyterm", []) + [k.rsplit(":", 1)[0] for k in all_values.get("keywords", [])]
+    eot_threshold = None
+    if (asked := query.get("eot_threshold")) is not None:
+        try:
+            eot_threshold = float(asked)
+        except ValueError:
+            eot_threshold = -1.0
+        if not 0.0 <= eot_threshold <= 1.0:
+            raise ProtocolError("Bad Request", f"eot_threshold={asked[:50]!r}: expected a number in [0, 1]")
+    eot_timeout = _integer(query, "eot_timeout_ms", MIN_ENDPOINTING_MS, MAX_MS)
     for name in ("punctuate", "smart_format", "vad_events", "diarize", "numerals", "profanity_filter"):
         _flag(query, name)  # each must be a boolean; punctuation and formatting are Whisper's own
     return ListenOptions(
@@ -109,6 +130,8 @@ def listen_options(query: Mapping[str, str], all_values: Mapping[str, list[str]]
         diarize=_flag(query, "diarize") or "diarize_model" in query,
         prompt=", ".join(t.strip() for t in terms if t.strip())[:MAX_PROMPT_CHARS],
         tags=tuple(t[:MAX_NAME_CHARS] for t in all_values.get("tag", [])),
+        eot_threshold=eot_threshold,
+        eot_timeout_ms=eot_timeout or EOT_TIMEOUT_MS,
     )
 
 
