@@ -53,23 +53,19 @@ def retry_delay(retry_after: str | None, attempt: int) -> float:
     return max(asked, min(30.0, asked * 2**attempt)) * random.uniform(1.0, 1.5)
 
 
-async def open_connection(
+async def connect_retrying(
     url: str,
-    api_key: str | None = None,
+    headers: dict[str, str] | None,
     open_timeout: float = 10,
     retry_seconds: float = 0.0,
     on_refused: Callable[[InvalidStatus], None] | None = None,
 ) -> ClientConnection:
-    """Connect and read `session.created`. A 503 (busy or draining) is retried after its
-    `Retry-After` for up to `retry_seconds`; `on_refused` hears of each refusal retried."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    """A WebSocket to `url`. A 503 (busy or draining) is retried after its `Retry-After` for up
+    to `retry_seconds`; `on_refused` hears of each refusal retried."""
     deadline, refusals = time.monotonic() + retry_seconds, 0
     while True:
         try:
-            connection = await connect(
-                url, additional_headers=headers, open_timeout=open_timeout, max_size=None
-            )
-            break
+            return await connect(url, additional_headers=headers, open_timeout=open_timeout, max_size=None)
         except InvalidStatus as exc:
             delay = retry_delay(exc.response.headers.get("Retry-After"), refusals)
             if exc.response.status_code != 503 or time.monotonic() + delay > deadline:
@@ -78,6 +74,18 @@ async def open_connection(
                 on_refused(exc)
             refusals += 1
             await asyncio.sleep(delay)
+
+
+async def open_connection(
+    url: str,
+    api_key: str | None = None,
+    open_timeout: float = 10,
+    retry_seconds: float = 0.0,
+    on_refused: Callable[[InvalidStatus], None] | None = None,
+) -> ClientConnection:
+    """Connect (retrying a 503 as `connect_retrying` does) and read `session.created`."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    connection = await connect_retrying(url, headers, open_timeout, retry_seconds, on_refused)
     created = json.loads(await connection.recv())
     if created.get("type") != "session.created":
         raise ServerError(created)

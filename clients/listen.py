@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from clients.audio import SAMPLE_RATE
-from clients.connection import Utterance
+from clients.connection import RETRY_SECONDS, Utterance, connect_retrying
 
 LISTEN_PATH = "/v1/listen"
 
@@ -57,15 +57,19 @@ async def listen(
     interim: bool = False,
     language: str | None = None,
     speakers: bool = False,
+    retry_seconds: float = RETRY_SECONDS,
+    on_refused: Callable[[InvalidStatus], None] | None = None,
 ) -> Utterance:
     """Stream `data` (audio in `encoding` at `sample_rate`) at `speed` x real time (0:
-    unpaced), close the stream, and collect its results until `Metadata`: `done` is that message."""
+    unpaced), close the stream, and collect its results until `Metadata`: `done` is that
+    message. A busy server's 503 is retried as `connect_retrying` does."""
     headers = {"Authorization": f"Token {api_key}"} if api_key else None
     result = Utterance()
     width = BYTES_PER_SAMPLE[encoding]
     per_second = sample_rate * width
     url = listen_url(url, encoding, sample_rate, interim, language, speakers)
-    async with connect(url, additional_headers=headers) as connection:
+    connection = await connect_retrying(url, headers, retry_seconds=retry_seconds, on_refused=on_refused)
+    async with connection:
 
         async def send_all() -> None:
             chunk = sample_rate * chunk_ms // 1000 * width

@@ -119,6 +119,8 @@ async def _listened(args: argparse.Namespace, samples, speed: float, quiet: bool
             args.interim,
             args.language,
             args.speakers,
+            args.retry_seconds,
+            refusal_notice("stream"),
         )
     except InvalidStatus as exc:
         return _fail(EXIT_CONNECTION, f"server refused the connection: HTTP {exc.response.status_code}")
