@@ -111,7 +111,7 @@ def test_a_call_streamed_through_deepgrams_sdk_comes_back_in_final_and_interim_r
 
     async def run() -> list[dict]:
         async with listen_live(server, interim_results="true", diarize="true") as connection:
-            sender = asyncio.create_task(send(connection, data, 32000, speed=4.0))
+            sender = asyncio.create_task(send(connection, data, 32000, speed=8.0))
             await sender
             await connection.send_close_stream()
             return await listen(connection)
@@ -146,7 +146,7 @@ def test_turns_end_with_speech_final_and_an_utterance_end_after_the_gap(server, 
             "endpointing": "500",
         }
         async with listen_live(server, **options) as connection:
-            await send(connection, pcm(audio), 32000, speed=2.0)
+            await send(connection, pcm(audio), 32000, speed=4.0)
             await connection.send_close_stream()
             return await listen(connection)
 
@@ -177,7 +177,7 @@ def test_eot_threshold_keeps_a_sentence_paused_in_its_middle_one_turn(server):
 
     async def speech_finals(**options) -> list[float]:
         async with listen_live(server, endpointing="300", **options) as connection:
-            await send(connection, pcm(audio), 32000, speed=2.0)
+            await send(connection, pcm(audio), 32000, speed=4.0)
             await connection.send_close_stream()
             messages = await listen(connection)
         return [m["start"] + m["duration"] for m in finals(messages) if m["speech_final"]]
@@ -189,7 +189,7 @@ def test_eot_threshold_keeps_a_sentence_paused_in_its_middle_one_turn(server):
     assert len(semantic) == 1 and semantic[0] > pause + 1.2, semantic
 
 
-@pytest.mark.parametrize("encoding", ["mulaw", "alaw"])
+@pytest.mark.parametrize("encoding", ["mulaw"])  # A-law: on OpenAI's wire (test_conversations)
 def test_a_phone_lines_g711_at_8_khz_gives_the_calls_words(server, call, encoding):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # audioop: the reference coder here
@@ -290,7 +290,7 @@ def test_a_quiet_stream_is_closed_with_net_0001_10_s_after_its_last_keepalive(se
     async def run() -> tuple[float, float]:
         async with raw(server, "encoding=linear16&sample_rate=16000") as ws:
             opened = time.monotonic()
-            await asyncio.sleep(6)
+            await asyncio.sleep(2)
             await ws.send(json.dumps({"type": "KeepAlive"}))
             kept = time.monotonic()
             with pytest.raises(ConnectionClosed) as closed:
@@ -300,7 +300,7 @@ def test_a_quiet_stream_is_closed_with_net_0001_10_s_after_its_last_keepalive(se
             return time.monotonic() - opened, time.monotonic() - kept
 
     open_for, after_keepalive = asyncio.run(asyncio.wait_for(run(), 60))
-    assert open_for >= 16 and 10 <= after_keepalive <= 20  # the KeepAlive held it past 10 s
+    assert open_for >= 12 and 10 <= after_keepalive <= 20  # the KeepAlive held it past 10 s
 
 
 def test_a_hostile_client_gets_errors_and_a_bystander_beside_it_is_unharmed(server, call):
@@ -322,7 +322,7 @@ def test_a_hostile_client_gets_errors_and_a_bystander_beside_it_is_unharmed(serv
 
     async def bystander() -> list[dict]:
         async with listen_live(server) as connection:
-            await send(connection, data, 32000, speed=4.0)
+            await send(connection, data, 32000, speed=8.0)
             await connection.send_close_stream()
             return await listen(connection)
 

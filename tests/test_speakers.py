@@ -40,6 +40,7 @@ def encoder() -> SpeakerEncoder:
     return SpeakerEncoder()
 
 
+@pytest.mark.untimed  # no clock: an engine or the encoder stepped by hand
 def test_batched_embeddings_equal_resemblyzers_own_one_clip_at_a_time(encoder):
     """Clips of different lengths in one batch, each read to its own end, against resemblyzer's
     mel spectrogram and network run on that clip alone."""
@@ -66,6 +67,7 @@ def voices_labels(talk, stream: SpeakerStream) -> dict[int, Counter]:
     return heard
 
 
+@pytest.mark.untimed  # no clock: an engine or the encoder stepped by hand
 def test_a_long_session_holds_bounded_state_and_keeps_its_labels(encoder):
     """Twelve minutes of two real voices taking turns: what a stream holds stays within its
     bounds at every step, and each voice has the label it got in the first minute."""
@@ -102,11 +104,13 @@ def speakers_of(whisper_model, talk) -> tuple[float, set[str]]:
     return word_accuracy(talk, done.words), {w.speaker for w in done.words}
 
 
+@pytest.mark.untimed  # no clock: an engine or the encoder stepped by hand
 def test_two_real_voices_get_two_labels_and_their_words_the_right_one(whisper_model):
     accuracy, labels = speakers_of(whisper_model, conversation("real", real_voices(), 2, 8, seed=0))
     assert labels == {"S1", "S2"} and accuracy >= 0.9, (labels, accuracy)
 
 
+@pytest.mark.untimed  # no clock: an engine or the encoder stepped by hand
 def test_three_synthetic_voices_get_their_words_right(whisper_model, tmp_path):
     """Words under a label no voice maps to (one voice split in two) count as wrong."""
     talk = conversation("synthetic", synthetic_voices(tmp_path), 3, 8, 0)

@@ -214,7 +214,7 @@ def hostile_queries(harness: ServerThread) -> None:
     served one closes cleanly."""
     base = harness.url.removesuffix("/v1/realtime") + "/v1/listen"
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
     @given(queries)
     def upgrade(query):
         url = base + "?" + urlencode(query, errors="surrogatepass")
