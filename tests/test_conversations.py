@@ -12,8 +12,6 @@ segment the loop began in, and the whole call came back empty (`WindowDecoder._w
 import asyncio
 import base64
 import io
-import warnings
-from collections.abc import Callable
 
 import numpy as np
 import openai
@@ -22,6 +20,7 @@ import soundfile
 import soxr
 from openai import AsyncOpenAI
 
+from benchmarks import telephone as phone_line
 from benchmarks.conversation_set import at_level, phone_call, telephone
 from benchmarks.text import whisper_wer
 from clients.audio import float32_to_pcm16
@@ -94,24 +93,15 @@ def pcm16(audio: np.ndarray) -> bytes:
     return float32_to_pcm16(soxr.resample(audio, 16000, 24000))
 
 
-def g711(law: str) -> Callable[[np.ndarray], bytes]:
-    """A phone line's coding of 16 kHz audio, by the standard library's G.711 coder."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # audioop: the reference coder here
-        import audioop
-
-    def coded(audio: np.ndarray) -> bytes:
-        linear = float32_to_pcm16(soxr.resample(audio, 16000, 8000))
-        return audioop.lin2ulaw(linear, 2) if law == "mu" else audioop.lin2alaw(linear, 2)
-
-    return coded
-
-
 @pytest.mark.parametrize(
     ("audio_format", "coded", "bytes_per_tenth"),
     [
         ({"type": "audio/pcm", "rate": 24000}, pcm16, 4800),
-        ({"type": "audio/pcma"}, g711("a"), 800),  # mu-law: on Deepgram's wire (test_deepgram)
+        (
+            {"type": "audio/pcma"},
+            lambda audio: phone_line.coded(audio, "alaw"),
+            800,
+        ),  # mu-law: on Deepgram's wire (test_deepgram)
     ],
     ids=["pcm", "pcma"],
 )

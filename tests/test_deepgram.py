@@ -8,16 +8,15 @@ import asyncio
 import hashlib
 import json
 import time
-import warnings
 
 import numpy as np
 import pytest
-import soxr
 from deepgram import AsyncDeepgramClient
 from deepgram.environment import DeepgramClientEnvironment
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from benchmarks import telephone
 from benchmarks.conversation_set import phone_call
 from benchmarks.real_speech import recording
 from benchmarks.text import whisper_wer
@@ -191,11 +190,7 @@ def test_eot_threshold_keeps_a_sentence_paused_in_its_middle_one_turn(server):
 
 @pytest.mark.parametrize("encoding", ["mulaw"])  # A-law: on OpenAI's wire (test_conversations)
 def test_a_phone_lines_g711_at_8_khz_gives_the_calls_words(server, call, encoding):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # audioop: the reference coder here
-        import audioop
-    linear = pcm(soxr.resample(call.audio, 16000, 8000))
-    coded = audioop.lin2ulaw(linear, 2) if encoding == "mulaw" else audioop.lin2alaw(linear, 2)
+    coded = telephone.coded(call.audio, encoding)  # the standard library's G.711 coder
 
     async def run() -> list[dict]:
         async with listen_live(server, encoding=encoding, sample_rate="8000") as connection:

@@ -198,7 +198,7 @@ def results(
 ) -> str:
     """Text for the audio from `start` to `end` (seconds of the session); `words` on the
     utterance's audio, which begins at `offset`."""
-    confidence = sum(w.probability for w in words) / len(words) if words else (1.0 if not transcript else 0.0)
+    confidence = sum(w.probability for w in words) / len(words) if words else 0.0
     body = {
         "type": "Results",
         "channel_index": CHANNEL_INDEX,
