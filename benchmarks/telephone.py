@@ -10,16 +10,19 @@ library's coder (`audioop`), the server's decoder being voxrt's own.
     .venv/bin/python -m benchmarks.telephone [--speed 1] [--rounds 1]
 
 One JSON line: per coding, the pooled WER over all recordings and rounds, and each recording's
-mean WER over the rounds; each round turns the order the three connect in.
+mean WER over the rounds; each round turns the order the three connect in; and per coding the
+times the server refused a seat (`refused`: three sessions on an idle server should never be).
 """
 
 import argparse
 import asyncio
 import json
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import soxr
+from websockets.exceptions import InvalidStatus
 
 from benchmarks.conversation_set import phone_call
 from benchmarks.conversation_wer import cpu
@@ -57,13 +60,22 @@ def speech() -> list[tuple[str, np.ndarray, str]]:
     return out
 
 
-async def one_round(url: str, recordings: list, speed: float, turn: int) -> dict[str, list[str]]:
+async def one_round(
+    url: str, recordings: list, speed: float, turn: int, refused: dict[str, int]
+) -> dict[str, list[str]]:
     """Each recording streamed in every coding at once, the codings' order turned by `turn`
-    (which connects first): the texts, per coding, in order."""
+    (which connects first): the texts, per coding, in order. A busy server's refusals are
+    counted in `refused` and retried after `Retry-After`: three sessions fit an idle server."""
     texts: dict[str, list[str]] = {coding: [] for coding in CODINGS}
     order = CODINGS[turn % 3 :] + CODINGS[: turn % 3]
+
+    def count(coding: str) -> Callable[[InvalidStatus], None]:
+        return lambda _: refused.update({coding: refused[coding] + 1})
+
     for _, audio, _ in recordings:
-        results = await asyncio.gather(*(listen(url, coded(audio, c), c, RATE, speed=speed) for c in order))
+        results = await asyncio.gather(
+            *(listen(url, coded(audio, c), c, RATE, speed=speed, on_refused=count(c)) for c in order)
+        )
         for coding, result in zip(order, results, strict=True):
             assert result.done is not None and not result.errors, result.errors
             texts[coding].append(result.text)
@@ -78,14 +90,16 @@ def main() -> None:
     recordings = speech()
     references = [said for _, _, said in recordings] * args.rounds
     texts: dict[str, list[str]] = {coding: [] for coding in CODINGS}
+    refused = dict.fromkeys(CODINGS, 0)
     server = ServerProcess()
     try:
         for turn in range(args.rounds):
-            for coding, said in asyncio.run(one_round(server.url, recordings, args.speed, turn)).items():
-                texts[coding] += said
+            said = asyncio.run(one_round(server.url, recordings, args.speed, turn, refused))
+            for coding in CODINGS:
+                texts[coding] += said[coding]
     finally:
         server.stop()
-    out = {"cpu": cpu(), "rate": RATE, "speed": args.speed, "rounds": args.rounds}
+    out = {"cpu": cpu(), "rate": RATE, "speed": args.speed, "rounds": args.rounds, "refused": refused}
     for coding in CODINGS:
         every = len(recordings)
         rounds = {name: texts[coding][index::every] for index, (name, *_) in enumerate(recordings)}
