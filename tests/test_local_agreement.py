@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -158,3 +159,45 @@ def test_a_trim_keeps_the_committed_segments_that_end_after_its_bound():
     assert WindowCommitter(agree=False).update(said, True, False, trim_before=0.0).trim_seconds == 0.0
     # A window too long to keep growing drops every committed segment, the bound or not.
     assert WindowCommitter(agree=False).update(said, True, True, trim_before=0.0).trim_seconds == 13.0
+
+
+SAID = " so I was saying that we should go there on Sunday if the weather holds"
+SPANS = [(0.5 * i, 0.5 * i + 0.4) for i in range(len(SAID.split()))]  # a word every 0.5 s
+
+
+def test_a_long_open_segment_leaves_the_window_by_its_committed_words():
+    """Whisper wrote the turn as one open segment, so none can leave the window: its committed
+    words do, cut between two of them, and the next decode starts with a committed one."""
+    agreement = WindowCommitter(window_words=SAID.split()[:10], pending=SAID.split()[10:12])
+    asked = []
+    commit = agreement.update(
+        hyp((0, None, SAID)), False, False, trim_before=4.2, word_spans=lambda: asked.append(1) or SPANS
+    )
+    assert commit.text == "Sunday if"  # agreed with the pending words, as before
+    # Words 0-8 start by 4.2 s: the window keeps "there" (word 8) on, cut between "go" (ends
+    # 3.9 s) and it (starts 4.0 s).
+    assert commit.consumed_words == 8 and commit.trim_seconds == (3.9 + 4.0) / 2
+    assert agreement.trimmed == SAID.split()[:8]
+    assert agreement.window_words == ["there", "on", "Sunday", "if"]
+    assert asked == [1]
+
+
+def test_committed_words_leave_only_where_no_segment_can_and_never_the_last_one():
+    closed = WindowCommitter(window_words=["Good", "morning."])
+    commit = closed.update(
+        hyp((0, 2.0, " Good morning."), (2.0, None, " Today we")),
+        False,
+        False,
+        trim_before=3.0,
+        word_spans=lambda: pytest.fail("a segment could leave: no alignment is asked"),
+    )
+    assert commit.trim_seconds == 2.0 and commit.consumed_words == 2
+    # One committed word: it stays, the first word the next decode is forced.
+    alone = WindowCommitter(window_words=["so"])
+    spans = SPANS[:2]
+    commit = alone.update(hyp((0, None, " so I")), False, False, trim_before=9.0, word_spans=lambda: spans)
+    assert commit.trim_seconds == 0 and alone.window_words == ["so"]
+    # Words the alignment counts otherwise are not placed: nothing leaves.
+    other = WindowCommitter(window_words=SAID.split()[:10])
+    commit = other.update(hyp((0, None, SAID)), False, False, trim_before=4.2, word_spans=lambda: SPANS[:5])
+    assert commit.trim_seconds == 0 and other.window_words == SAID.split()[:10]

@@ -1,6 +1,7 @@
 """What a decoded window commits: the policy's decision (`WindowCommitter`) applied to its
 utterance's stream state, and where the window moves next."""
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from voxtral.runner import TimedWord, UtteranceOutput
@@ -43,6 +44,17 @@ def _timed(
     return out
 
 
+def _word_spans(
+    window: Window, hyp: Hypothesis, token_words: TokenWords, model: WhisperModel
+) -> Callable[[], list[tuple[float, float]]]:
+    """Where each of `hyp`'s words was spoken in `window` (seconds), when asked: an alignment
+    pass, which the policy needs only for a long window with no segment to leave by."""
+    return lambda: [
+        (word.start, word.end)
+        for word in timed_words(model, token_words, hyp, window.encoded, window.raw, window.prompt)
+    ]
+
+
 def commit_window(
     window: Window, hyp: Hypothesis | None, p: WhisperPolicy, token_words: TokenWords, model: WhisperModel
 ) -> UtteranceOutput:
@@ -78,7 +90,13 @@ def commit_window(
     if hyp is not None and heard and p.settle_seconds < seconds:
         before = (window.raw.shape[1] - round(p.settle_seconds * POSITIONS_PER_SECOND)) // 2
         settled = token_words.words_heard(hyp, before)
-    commit = state.committer.update(hyp, window.commit_all, force, trim_before, seconds, heard, settled)
+
+    spans = None
+    if hyp is not None and length > p.word_trim_after_seconds * POSITIONS_PER_SECOND:
+        spans = _word_spans(window, hyp, token_words, model)
+    commit = state.committer.update(
+        hyp, window.commit_all, force, trim_before, seconds, heard, settled, spans
+    )
     # Latency counts from the arrival of the committed words' end, as the policy estimates it.
     output = UtteranceOutput(
         finished=window.final,

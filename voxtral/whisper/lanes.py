@@ -114,8 +114,8 @@ class WindowDecoder:
             seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
             hyp.segments = drop_repetition(segments, p.max_compression_ratio, seconds)
             hyp.looped |= len(hyp.segments) < len(segments)
-            if window.state.word_times:  # kept to time the words, if this decode commits any
-                window.encoded, window.prompt = states[row, : lengths[row]], prompts[row]
+            # Kept to time the words this decode commits, or to place them for a trim.
+            window.encoded, window.prompt = states[row, : lengths[row]], prompts[row]
         return hyps
 
     def _silent(self, hyp: Hypothesis) -> bool:

@@ -7,6 +7,7 @@ consecutive hypotheses agree on them, or the decoder heard them `settle_seconds`
 window's end. Whisper's loop guard drops a hypothesis's repeating tail.
 """
 
+import math
 import re
 import zlib
 from collections.abc import Callable
@@ -91,6 +92,7 @@ class WhisperPolicy:
     max_window_seconds: float = 24.0  # past this, commit what is there and move on
     trim_after_seconds: float = 8.0  # committed segments stay in a window shorter than this
     trim_keep_seconds: float = 4.0  # a trim leaves at least this much, the next words' context
+    word_trim_after_seconds: float = 10.0  # past this, committed words leave where no segment can
     stall_seconds: float = 1.0  # text ending this much before the audio: trim past it
     holdback_seconds: float = 0.6  # words heard in the window's last this-much wait
     settle_seconds: float = 1.2  # words heard this long before the window's end need no agreement
@@ -211,13 +213,16 @@ class WindowCommitter:
         window_seconds: float = float("inf"),
         heard_words: int | None = None,
         settled_words: int = 0,
+        word_spans: Callable[[], list[tuple[float, float]]] | None = None,
     ) -> WindowCommit:
         """`hyp` None means no speech in the window; `commit_all` that a turn or the input ended:
         everything heard is committed (and stays in the window as context for what follows);
         `force_trim` that the window is too long;
         `trim_before` that committed segments ending before it (seconds) may leave the window;
         `heard_words` how many of the hypothesis's words were heard early enough to commit
-        (None: all); `settled_words` how many were heard so early that they need no agreement."""
+        (None: all); `settled_words` how many were heard so early that they need no agreement;
+        `word_spans` where each of the hypothesis's words was spoken (seconds), asked only when
+        no segment can leave a window that should move: its committed words leave instead."""
         if hyp is None:
             self.pending = []
             return WindowCommit("", clear=not self.window_words)
@@ -247,6 +252,8 @@ class WindowCommitter:
             self.window_words, self.pending, self.trimmed = [], [], []
             return WindowCommit(joiner.join(texts), texts, first, end_seconds, clear=True, interim=interim)
         trim, consumed = self._trim(said, force_trim, trim_before)
+        if not trim and math.isfinite(trim_before) and word_spans is not None:
+            trim, consumed = self._trim_words(word_spans(), len(words), trim_before)
         return WindowCommit(
             joiner.join(texts),
             texts,
@@ -271,6 +278,23 @@ class WindowCommitter:
         if trim > 0:
             self.trimmed, self.window_words = self.window_words[:consumed], self.window_words[consumed:]
         return trim, consumed
+
+    def _trim_words(
+        self, spans: list[tuple[float, float]], words: int, trim_before: float
+    ) -> tuple[float, int]:
+        """Where the window may start when Whisper closed no segment that could leave it: between
+        two committed words, the later one starting before `trim_before`, so that the words the
+        window keeps begin with a committed one (forced on the next decode: a cut near its start
+        loses nothing). A long turn said without a pause Whisper may write as one open segment,
+        and its window would otherwise grow, and every decode of it cost more, until it is forced
+        whole."""
+        if len(spans) != words:  # the alignment counted words another way: no word is placed
+            return 0.0, 0
+        kept = next((k for k in range(len(self.window_words) - 1, 0, -1) if spans[k][0] <= trim_before), 0)
+        if kept == 0:
+            return 0.0, 0
+        self.trimmed, self.window_words = self.window_words[:kept], self.window_words[kept:]
+        return (spans[kept - 1][1] + spans[kept][0]) / 2, kept
 
 
 def _word_counts(said: list[Said]) -> list[int]:
