@@ -1,9 +1,12 @@
 """A Whisper window moves on only past speech it transcribed: flite speech on which tiny.en
 once lost whole clauses (the benchmark's voices, `benchmarks/speech.py`)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from benchmarks.conversation_set import phone_call
 from benchmarks.real_speech import PAUSE_SECONDS, recording
 from benchmarks.speech import passage, synthesize
 from benchmarks.text import normalize_words
@@ -12,8 +15,9 @@ from realtime.engine.events import Done
 from realtime.engine.loop import Engine
 from tests.test_turns import stream_stepped
 from voxtral.audio import SAMPLE_RATE
+from voxtral.vad import VadConfig
 from voxtral.whisper.policy import WhisperPolicy
-from voxtral.whisper.runner import WhisperRunner
+from voxtral.whisper.runner import WhisperRunner, served_policy
 
 pytestmark = pytest.mark.untimed
 
@@ -68,3 +72,40 @@ def test_a_new_turn_not_yet_heard_keeps_the_turn_before_in_its_window(whisper_mo
     audio = np.concatenate([pause, recording("two_cities").audio])[: 16 * SAMPLE_RATE]
     words = streamed_words(WhisperRunner(whisper_model), distinct_audio(audio, 0))
     assert "it was the epoch of belief" in words, words
+
+
+def decoded_windows(runner: WhisperRunner, audio: np.ndarray, vad: VadConfig, step: int) -> list[float]:
+    """The seconds of every window `runner` decoded for `audio`, sent `step` samples a step."""
+    windows: list[float] = []
+    execute = runner.execute
+
+    def recorded(out, states):
+        result = execute(out, states)
+        windows.extend(o.window_seconds for outs in result.outputs.values() for o in outs if o.num_tokens)
+        return result
+
+    runner.execute = recorded
+    engine = Engine(runner)
+    engine.add_utterance("u", vad=vad)
+    for offset in range(0, len(audio), step):
+        engine.add_audio("u", audio[offset : offset + step])
+        engine.run_once()
+    engine.finish_input("u")
+    for _ in range(10):
+        engine.run_once()
+    return windows
+
+
+def test_a_call_turned_at_short_pauses_keeps_its_windows_short(whisper_model):
+    """The real call, its turns ended at 300 ms pauses (Deepgram's shortest endpointing) and
+    decoded every 1.2 s (a loaded server's cadence): tiny.en writes some of its long turns as
+    one open segment, which cannot leave the window; its committed words leave instead, so no
+    window grows far past `word_trim_after_seconds` and no decode costs more and more."""
+    audio, vad, step = phone_call().audio, VadConfig(silence_ms=300), round(1.2 * SAMPLE_RATE)
+    policy = served_policy(whisper_model)
+    grown = decoded_windows(
+        WhisperRunner(whisper_model, replace(policy, word_trim_after_seconds=99)), audio, vad, step
+    )
+    assert max(grown) > policy.word_trim_after_seconds + 3  # the call makes such windows
+    bounded = decoded_windows(WhisperRunner(whisper_model, policy), audio, vad, step)
+    assert max(bounded) <= policy.word_trim_after_seconds + 1.2 + 0.5, max(bounded)

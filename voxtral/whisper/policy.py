@@ -92,7 +92,7 @@ class WhisperPolicy:
     max_window_seconds: float = 24.0  # past this, commit what is there and move on
     trim_after_seconds: float = 8.0  # committed segments stay in a window shorter than this
     trim_keep_seconds: float = 4.0  # a trim leaves at least this much, the next words' context
-    word_trim_after_seconds: float = 10.0  # past this, committed words leave where no segment can
+    word_trim_after_seconds: float = 12.0  # past this, committed words leave where no segment can
     stall_seconds: float = 1.0  # text ending this much before the audio: trim past it
     holdback_seconds: float = 0.6  # words heard in the window's last this-much wait
     settle_seconds: float = 1.2  # words heard this long before the window's end need no agreement
