@@ -82,16 +82,13 @@ class TokenWords:
     def words_heard(self, hyp: Hypothesis, before_frame: int) -> int:
         """How many words of `hyp` (its forced ones included) were heard whole before `before_frame`.
 
-        Generation is read up to the first text token the alignment heads placed at or after
-        that frame; a word that token continues was not heard whole. A timestamp is not heard
-        anywhere: the heads attend from one to wherever (often the window's end), and a window
-        whose first timestamp they placed there heard no word however long it grew.
+        Generation is read up to the first token the alignment heads placed at or after
+        that frame; a word that token continues was not heard whole.
         """
         words = 0
         for i, (count, at_edge) in enumerate(self.word_starts(hyp.token_ids)):
             generated = i - hyp.num_forced
-            text = hyp.token_ids[i] < self.timestamp_begin
-            if text and generated >= 0 and hyp.frames[generated] >= before_frame:
+            if generated >= 0 and hyp.frames[generated] >= before_frame:
                 return words if at_edge else words - 1
             words += count
         return words
