@@ -48,6 +48,23 @@ def test_words_heard_stop_at_the_first_token_heard_too_late(whisper_model):
         assert heard == complete, (cut, pieces, heard, complete)
 
 
+def test_an_opening_timestamp_the_heads_place_late_does_not_stop_the_words_heard(whisper_model):
+    """The heads attend from a window's opening timestamp to wherever, often the window's end: a
+    window with nothing forced whose opening they placed there heard no word, and grew to 24 s
+    uncommitted. A closing timestamp placed late still holds the words after it."""
+    m = whisper_model
+    said = m.tokenizer.encode(" Oh hello, I didn't know", add_special_tokens=False).ids
+    closed = m.tokenizer.encode(" you were there.", add_special_tokens=False).ids
+    tokens = [m.timestamp_begin, *said, m.timestamp_begin + 80, m.timestamp_begin + 80, *closed]
+    late = 854  # where the heads put the opening timestamp of a 17 s window of the real call
+    words = TokenWords(m.tokenizer, m.timestamp_begin, spaced=True)
+    heard_said = len(split_words(" Oh hello, I didn't know", spaced=True))
+    for closing, expected in ((300, heard_said + 2), (late, heard_said)):
+        frames = [late] + [40 + 10 * i for i in range(len(said))] + [closing] * 2 + [400, 410, 420, 999]
+        hyp = Hypothesis(tokens, [], 0.0, 0.0, 0, frames)
+        assert words.words_heard(hyp, before_frame=731) == expected, closing
+
+
 def test_unspaced_words_are_characters_counted_on_tokens(whisper_model):
     """Japanese: each character is a word; a token may hold part of one, or several."""
     m = whisper_model

@@ -82,13 +82,18 @@ class TokenWords:
     def words_heard(self, hyp: Hypothesis, before_frame: int) -> int:
         """How many words of `hyp` (its forced ones included) were heard whole before `before_frame`.
 
-        Generation is read up to the first token the alignment heads placed at or after
-        that frame; a word that token continues was not heard whole.
+        Generation is read up to the first token the alignment heads placed at or after that
+        frame; a word that token continues was not heard whole. The window's opening timestamp
+        is not read: it says only that the window starts, the heads attend from it to anywhere
+        (often the window's end), and a window with no word forced whose opening they placed
+        there heard no word however long it grew. A segment's closing timestamp is read: placed
+        late, the segment's end was not heard yet, and the words after it wait.
         """
         words = 0
         for i, (count, at_edge) in enumerate(self.word_starts(hyp.token_ids)):
             generated = i - hyp.num_forced
-            if generated >= 0 and hyp.frames[generated] >= before_frame:
+            opening = i == 0 and hyp.token_ids[0] >= self.timestamp_begin
+            if not opening and generated >= 0 and hyp.frames[generated] >= before_frame:
                 return words if at_edge else words - 1
             words += count
         return words
