@@ -1,8 +1,8 @@
 """What a decoded window commits: the policy's decision (`WindowCommitter`) applied to its
 utterance's stream state, and where the window moves next."""
 
-from collections.abc import Callable
 from dataclasses import replace
+from functools import cache
 
 from voxtral.runner import TimedWord, UtteranceOutput
 from voxtral.whisper.model import Hypothesis, WhisperModel
@@ -24,35 +24,17 @@ def leave_silence(state: WhisperStream, until: int, p: WhisperPolicy) -> None:
         state.window_start = max(state.window_start, until - round(p.lead_in_seconds * POSITIONS_PER_SECOND))
 
 
-def _timed(
-    window: Window,
-    hyp: Hypothesis,
-    words: list[str],
-    first: int,
-    token_words: TokenWords,
-    model: WhisperModel,
-) -> list[TimedWord]:
-    """The committed `words` (`hyp`'s from `first`) on the utterance's clock, in order: a word
-    aligned in an earlier window is not passed by one aligned in this one."""
+def _timed(window: Window, aligned: list[TimedWord], words: list[str], first: int) -> list[TimedWord]:
+    """The committed `words` (the hypothesis's from `first`, `aligned` its words timed in the
+    window) on the utterance's clock, in order: a word aligned in an earlier window is not
+    passed by one aligned in this one."""
     state, out = window.state, []
-    aligned = timed_words(model, token_words, hyp, window.encoded, window.raw, window.prompt)
     for word, timed in zip(words, aligned[first : first + len(words)], strict=False):
         start = max(state.words_end, window.start_seconds + timed.start)
         end = max(start, window.start_seconds + timed.end)
         out.append(replace(timed, text=word, start=round(start, 3), end=round(end, 3)))
         state.words_end = end
     return out
-
-
-def _word_spans(
-    window: Window, hyp: Hypothesis, token_words: TokenWords, model: WhisperModel
-) -> Callable[[], list[tuple[float, float]]]:
-    """Where each of `hyp`'s words was spoken in `window` (seconds), when asked: an alignment
-    pass, which the policy needs only for a long window with no segment to leave by."""
-    return lambda: [
-        (word.start, word.end)
-        for word in timed_words(model, token_words, hyp, window.encoded, window.raw, window.prompt)
-    ]
 
 
 def commit_window(
@@ -91,11 +73,18 @@ def commit_window(
         before = (window.raw.shape[1] - round(p.settle_seconds * POSITIONS_PER_SECOND)) // 2
         settled = token_words.words_heard(hyp, before)
 
-    spans = None
-    if hyp is not None and length > p.word_trim_after_seconds * POSITIONS_PER_SECOND:
-        spans = _word_spans(window, hyp, token_words, model)
+    @cache
+    def aligned() -> list[TimedWord]:
+        """The hypothesis's words timed in the window: one alignment pass, made only if asked for."""
+        return timed_words(model, token_words, hyp, window.encoded, window.raw, window.prompt)
+
+    def spoken() -> list[tuple[float, float]]:
+        return [(word.start, word.end) for word in aligned()]
+
+    # Where each word was spoken is asked only for a long window with no segment to leave by.
+    long_window = hyp is not None and length > p.word_trim_after_seconds * POSITIONS_PER_SECOND
     commit = state.committer.update(
-        hyp, window.commit_all, force, trim_before, seconds, heard, settled, spans
+        hyp, window.commit_all, force, trim_before, seconds, heard, settled, spoken if long_window else None
     )
     # Latency counts from the arrival of the committed words' end, as the policy estimates it.
     output = UtteranceOutput(
@@ -111,7 +100,7 @@ def commit_window(
         output.text = joiner + commit.text if state.has_text else commit.text.lstrip()
         state.has_text = True
         if state.word_times:
-            output.words = _timed(window, hyp, commit.words, commit.first_word, token_words, model)
+            output.words = _timed(window, aligned(), commit.words, commit.first_word)
     if window.commit_all:
         state.heard_until = window.end
     if commit.clear:
