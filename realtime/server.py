@@ -55,6 +55,8 @@ TOKEN_SUBPROTOCOL = "token"
 ENGINE_CHECK_SECONDS = 1.0
 # What a refused client is told to wait: about the capacity window's time to measure anew.
 RETRY_AFTER_SECONDS = 5
+# A missing or wrong key, told alike on every path: OpenAI's code for it.
+BAD_KEY = (HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
 ROUTES_SERVED = (
     "WebSocket /v1/realtime, /v1/listen; POST /v1/audio/transcriptions, /v1/audio/translations;"
     " GET /v1/models, /health, /metrics"
@@ -188,9 +190,7 @@ class RealtimeServer:
         (`client.models.list().data[0].id`): the served model under each name a client may ask for
         it by, its own name first."""
         if not self._authorized(request.headers):
-            return file_api.error_response(
-                HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key"
-            )
+            return file_api.error_response(*BAD_KEY)
         names = [self.model.name, *sorted(self.model.names - {self.model.name})]
         listed = {
             name: {"id": name, "object": "model", "created": self.created, "owned_by": "voxrt"}
@@ -214,7 +214,7 @@ class RealtimeServer:
         """OpenAI's file API, past the checks every request to this server meets."""
         refused = None
         if not self._authorized(request.headers):
-            refused = UploadRefused(HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
+            refused = UploadRefused(*BAD_KEY)
         elif self.draining:
             refused = UploadRefused(HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining")
         elif not self.engine.healthy:
@@ -234,9 +234,7 @@ class RealtimeServer:
                 f"origin {origin[:200]!r} is not allowed",
             )
         if not self._authorized(websocket.headers):
-            return self._refusal(
-                websocket, HTTPStatus.UNAUTHORIZED, "unauthorized", "missing or wrong API key"
-            )
+            return self._refusal(websocket, *BAD_KEY)
         if self.draining:
             return self._refusal(
                 websocket, HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"

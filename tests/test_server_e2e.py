@@ -198,6 +198,8 @@ def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model, wel
             with pytest.raises(InvalidStatus) as refused:
                 harness.connect()
             assert refused.value.response.status_code == 401
+            # The code the file API answers a missing key with: one refusal, told alike on every path.
+            assert json.loads(refused.value.response.body)["code"] == "invalid_api_key"
             with pytest.raises(InvalidStatus) as refused:
                 harness.connect(additional_headers={"Authorization": "Bearer wrong"})
             assert refused.value.response.status_code == 401
@@ -222,7 +224,7 @@ def test_too_many_sessions_and_api_key_are_refused_at_upgrade(whisper_model, wel
             assert word_error_rate(text, done["text"]) <= 0.1, done["text"]
         wait_until(lambda: health(harness, "/health/ready")[0] == 200, 10)  # ready again once all closed
         metrics = harness.metrics()
-        assert metrics["voxrt_errors_total{code=unauthorized}"] == 3
+        assert metrics["voxrt_errors_total{code=invalid_api_key}"] == 3
         assert metrics["voxrt_refusals_total{reason=server_busy}"] == 1
         # A refusal is the server's answer: nothing logs it as an error.
         assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

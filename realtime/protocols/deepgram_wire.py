@@ -258,7 +258,7 @@ def error(variant: str, description: str, message: str | None = None) -> str:
 
 
 # voxrt's refusals that Deepgram names its own way, with its words.
-REFUSALS = {"unauthorized": ("INVALID_AUTH", "Invalid credentials.")}
+REFUSALS = {"invalid_api_key": ("INVALID_AUTH", "Invalid credentials.")}
 
 
 def refusal_body(code: str, message: str, request_id: str) -> dict:
