@@ -32,7 +32,8 @@ export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 # pyannote.audio's wheel: its files alone, without the packages it needs to run (another torch).
 .venv/bin/pip install -q --disable-pip-version-check --no-compile --no-deps 'pyannote.audio==4.0.7'
 # The semantic end-of-turn model (smart-turn v3.2, BSD-2-Clause) ships in pipecat-ai's wheel:
-# its file alone is read (voxtral/turn_model.py), the framework and what it needs never installed.
+# its file alone is read (voxtral/turn_model.py). The tests also run its Deepgram STT plugin,
+# with what that imports (the test extra); its other requirements pin older soxr and protobuf.
 .venv/bin/pip install -q --disable-pip-version-check --no-compile --no-deps 'pipecat-ai==1.14.0'
 .venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages >/dev/null || true
 [ -z "$apt" ] || wait "$apt"  # its failure is setup's

@@ -167,6 +167,55 @@ def test_turns_end_with_speech_final_and_an_utterance_end_after_the_gap(server, 
     assert whisper_wer(" ".join(SENTENCES), transcript(messages)) <= 0.2, transcript(messages)
 
 
+async def pipecats_finals(port: int, audio: np.ndarray, last_word: str) -> list[str]:
+    """The final transcriptions pipecat's Deepgram STT service (as pipecat-ai ships it) pushes
+    down its pipeline for `audio` sent in real time, once one of them holds `last_word`."""
+    from pipecat.frames.frames import EndFrame, Frame, InputAudioRawFrame, TranscriptionFrame
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+    from pipecat.services.deepgram.stt import DeepgramSTTService
+    from pipecat.workers.runner import WorkerRunner
+
+    texts: list[str] = []
+    started, heard = asyncio.Event(), asyncio.Event()
+
+    class Finals(FrameProcessor):
+        async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+            await super().process_frame(frame, direction)
+            if isinstance(frame, TranscriptionFrame):
+                texts.append(frame.text)
+                if last_word in frame.text.lower():
+                    heard.set()
+            await self.push_frame(frame, direction)
+
+    stt = DeepgramSTTService(api_key=KEY, base_url=f"http://127.0.0.1:{port}", sample_rate=16000)
+    worker = PipelineWorker(Pipeline([stt, Finals()]), cancel_on_idle_timeout=False)
+
+    @worker.event_handler("on_pipeline_started")
+    async def on_started(worker: PipelineWorker, frame: Frame) -> None:
+        started.set()
+
+    async def feed() -> None:
+        await asyncio.wait_for(started.wait(), 60)
+        for offset in range(0, len(audio), 1600):  # 100 ms frames, as a transport hands them over
+            await worker.queue_frame(InputAudioRawFrame(pcm(audio[offset : offset + 1600]), 16000, 1))
+            await asyncio.sleep(0.1)
+        await asyncio.wait_for(heard.wait(), 60)
+        await worker.queue_frame(EndFrame())
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    await asyncio.gather(runner.run(), feed())
+    return texts
+
+
+def test_pipecats_deepgram_service_transcribes_through_the_server(server, two_turns):
+    """A voice-agent framework's plugin, unchanged, pointed at the server by its `base_url`."""
+    texts = asyncio.run(pipecats_finals(server.server.port, two_turns[0], "phone"))
+    assert whisper_wer(" ".join(SENTENCES), " ".join(texts)) <= 0.2, texts
+
+
 def test_eot_threshold_keeps_a_sentence_paused_in_its_middle_one_turn(server):
     """voxrt's extension (Flux's names): with `eot_threshold` a reader's 1.2 s pause after "It
     was the age of" is no `speech_final`; with endpointing alone it is one."""
