@@ -41,7 +41,8 @@ def build_server(args: argparse.Namespace):
     # The cores this process may run on (a cpuset's, on Linux); macOS has no affinity call.
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     cores = load.threads or len(allowed)
-    loaded = load_model(load.model, load.device, load.dtype, args.max_sessions, cores)
+    float8_rings = load.kv_dtype == "float8"
+    loaded = load_model(load.model, load.device, load.dtype, args.max_sessions, cores, float8_rings)
     # Until sessions' own full windows are measured, what the dummy one at load cost here.
     measured = {"session_step_prior": loaded.full_window_cost} if loaded.full_window_cost else {}
     capacity = from_args(CapacityConfig, args, **measured)

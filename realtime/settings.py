@@ -119,6 +119,14 @@ class ModelSettings:
             "(the default where the CPU has AMX tiles, else int8) or float32"
         ),
     )
+    kv_dtype: str = field(
+        default="model",
+        metadata=setting(
+            "Voxtral Realtime's KV rings: model (the weights' dtype) or float8 (e4m3, a scale per "
+            "cell and head: about half a bfloat16 ring's bytes)",
+            choices=("model", "float8"),
+        ),
+    )
     threads: int | None = field(
         default=None,
         metadata=setting(

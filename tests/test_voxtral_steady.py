@@ -22,9 +22,8 @@ def plain_step(model: VoxtralModel, slots: list[int], position: int, mels: torch
 
 def slot_state(model: VoxtralModel, slot: int) -> list[torch.Tensor]:
     """A slot's rings (not the spare cell, where idle rows write), positions and carried state."""
-    rings = [
-        t[:, slot, :, : kv.capacity] for kv in (model.audio_kv, model.text_kv) for t in (kv.keys, kv.values)
-    ]
+    kvs = (model.audio_kv, model.text_kv)
+    rings = [t[:, slot, :, : kv.capacity] for kv in kvs for t in (kv.keys.data, kv.values.data)]
     positions = [kv.positions[slot] for kv in (model.audio_kv, model.text_kv)]
     carried = [model.conv1_state[slot], model.conv2_state[slot], model.last_token[slot]]
     return [t.clone() for t in rings + positions + carried]

@@ -81,6 +81,7 @@ def load_model(
     dtype: str | None = None,
     max_sessions: int = 64,
     cores: int | None = None,
+    float8_rings: bool = False,
 ) -> LoadedModel:
     """Load on a throwaway thread: the torch kernels loading runs start an OpenMP thread team
     on the calling thread, which would outlive the load next to the engine's own team; on a
@@ -88,12 +89,12 @@ def load_model(
 
     `cores` the model may use (None: torch's threads as they are, one lane). Whisper on a CPU
     decodes that many windows at once, each on one torch thread (`WhisperRunner`); else torch
-    runs on that many threads.
+    runs on that many threads. `float8_rings`: Voxtral Realtime's KV rings in float8.
     """
     # Read once, by the first oneDNN call; an operator's own setting stands.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS))
     with ThreadPoolExecutor(1, thread_name_prefix="voxrt-load") as pool:
-        loaded = pool.submit(_load_model, model, device, dtype, max_sessions, cores).result()
+        loaded = pool.submit(_load_model, model, device, dtype, max_sessions, cores, float8_rings).result()
         if cores is not None:
             torch.set_num_threads(1 if loaded.runner.spec.lanes > 1 else cores)
         # Voxtral's every step is a full window: its first measures it.
@@ -103,11 +104,19 @@ def load_model(
 
 
 def _load_model(
-    model: str | None, device: str | None, dtype: str | None, max_sessions: int, cores: int | None
+    model: str | None,
+    device: str | None,
+    dtype: str | None,
+    max_sessions: int,
+    cores: int | None,
+    float8: bool,
 ) -> LoadedModel:
     chosen = pick_device(device)
     lanes = cores if cores is not None and chosen.type == "cpu" else 1
+    only_voxtral = WeightsError("--kv-dtype float8: only Voxtral Realtime keeps KV rings")
     if model in (None, TINY_EN, BASE):
+        if float8:
+            raise only_voxtral
         name = model or DEFAULT_MODEL
         runner = WhisperRunner(_whisper_model(embedded_whisper_dir(name), chosen, dtype), lanes=lanes)
         return LoadedModel(runner, name, {name, "whisper"}, max_sessions)
@@ -115,6 +124,8 @@ def _load_model(
     kind = _model_type(path)
     names = {str(path), path.name, model}
     if kind == "whisper":
+        if float8:
+            raise only_voxtral
         runner = WhisperRunner(_whisper_model(path, chosen, dtype), lanes=lanes)
         return LoadedModel(runner, model, names | {"whisper"}, max_sessions)
     if kind == "voxtral_realtime":
@@ -125,6 +136,6 @@ def _load_model(
         from voxtral.voxtral_realtime.runner import VoxtralRunner
 
         hf_logging.disable_progress_bar()  # a progress bar is noise in JSON logs
-        runner = VoxtralRunner(path, chosen, pick_dtype(dtype, chosen), num_slots=max_sessions)
+        runner = VoxtralRunner(path, chosen, pick_dtype(dtype, chosen), max_sessions, float8)
         return LoadedModel(runner, model, names | {"voxtral"}, runner.model.num_slots)
     raise WeightsError(f"{path / 'config.json'}: model_type {kind!r} is not served by voxrt")

@@ -37,7 +37,15 @@ def log_mel(
 class VoxtralModel:
     """Weights, tokenizer facts and per-slot streaming state for up to `num_slots` utterances."""
 
-    def __init__(self, source: str | Path, device: torch.device, dtype: torch.dtype, num_slots: int) -> None:
+    def __init__(
+        self,
+        source: str | Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_slots: int,
+        float8_rings: bool = False,
+    ) -> None:
+        """`float8_rings`: the KV rings' cells in float8 (`RingCells`), half the bytes a session."""
         path = local_checkpoint(source)
         check_checkpoint(path)
         try:
@@ -79,7 +87,7 @@ class VoxtralModel:
             text.num_hidden_layers, text.num_key_value_heads, text.head_dim,
             text.sliding_window or text.max_position_embeddings, self.num_prompt,
         )  # fmt: skip
-        self.slot_bytes = audio_ring.slot_bytes(dtype) + text_ring.slot_bytes(dtype)
+        self.slot_bytes = sum(ring.slot_bytes(dtype, float8_rings) for ring in (audio_ring, text_ring))
         self.num_slots = num_slots = slots_that_fit(num_slots, self.slot_bytes, free_bytes(device))
         self._prompt = torch.tensor(self.prompt_ids, device=device)
         self.last_token = torch.zeros(num_slots, dtype=torch.long, device=device)
@@ -90,8 +98,8 @@ class VoxtralModel:
 
         self.conv1_state = torch.zeros(num_slots, self.n_mels, 2, device=device, dtype=dtype)
         self.conv2_state = torch.zeros(num_slots, audio.hidden_size, 1, device=device, dtype=dtype)
-        self.audio_kv = SlidingKV(audio_ring, num_slots, device, dtype)
-        self.text_kv = SlidingKV(text_ring, num_slots, device, dtype)
+        self.audio_kv = SlidingKV(audio_ring, num_slots, device, dtype, float8_rings)
+        self.text_kv = SlidingKV(text_ring, num_slots, device, dtype, float8_rings)
 
     # ---- host side ---------------------------------------------------------------------------
 

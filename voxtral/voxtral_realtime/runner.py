@@ -69,11 +69,13 @@ class _Step:
 
 
 class VoxtralRunner:
-    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype, num_slots: int) -> None:
+    def __init__(
+        self, path: Path, device: torch.device, dtype: torch.dtype, num_slots: int, float8_rings: bool = False
+    ) -> None:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voxrt-device")
         # Loaded on the worker, the one thread that runs torch's parallel kernels: a second
         # OpenMP team on another thread would throttle both on a small CPU.
-        model = self._worker.submit(VoxtralModel, path, device, dtype, num_slots).result()
+        model = self._worker.submit(VoxtralModel, path, device, dtype, num_slots, float8_rings).result()
         self.model = model
         self.spec = ModelSpec(
             name="voxtral_realtime",

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from voxtral.voxtral_realtime.ring_cells import RingCells
 from voxtral.voxtral_realtime.slots import RingShape
 
 
@@ -82,13 +83,16 @@ class StepMask:
 
 
 class SlidingKV:
-    def __init__(self, ring: RingShape, num_slots: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, ring: RingShape, num_slots: int, device: torch.device, dtype: torch.dtype, float8: bool = False
+    ) -> None:
+        """`float8`: the cells stored in float8 with a scale per head (`RingCells`)."""
         self.window = ring.window
         self.capacity = ring.cells
         self.spare = ring.cells  # the cell past the ring where a steady step's idle rows write
         shape = (ring.num_layers, num_slots, ring.num_kv_heads, ring.cells + 1, ring.head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.keys = RingCells(shape, device, dtype, float8)
+        self.values = RingCells(shape, device, dtype, float8)
         self.positions = torch.full((num_slots, ring.cells + 1), -1, device=device, dtype=torch.long)
 
     def reset(self, slots: torch.Tensor) -> None:
@@ -123,15 +127,14 @@ class SlidingKV:
     ) -> torch.Tensor:
         """q (B, H, Q, D) and this step's k, v (B, KVH, Q, D), all rotated; returns (B, H, Q, D)."""
         slots = rows.slots[rows.flat_rows]
-        self.keys[layer, slots, :, step.cells] = k.transpose(1, 2)[rows.flat_rows, rows.flat_cols]
-        self.values[layer, slots, :, step.cells] = v.transpose(1, 2)[rows.flat_rows, rows.flat_cols]
-        if rows.first_slot is None:  # gather: a copy of every row's ring
-            keys = self.keys[layer, rows.slots, :, : step.width]
-            values = self.values[layer, rows.slots, :, : step.width]
-        else:  # a view of the rings in place
+        self.keys.write(layer, slots, step.cells, k.transpose(1, 2)[rows.flat_rows, rows.flat_cols])
+        self.values.write(layer, slots, step.cells, v.transpose(1, 2)[rows.flat_rows, rows.flat_cols])
+        # A gather copies every row's ring; consecutive slots are a view of the rings in place.
+        batch: torch.Tensor | slice = rows.slots
+        if rows.first_slot is not None:
             batch = slice(rows.first_slot, rows.first_slot + len(rows.lengths))
-            keys = self.keys[layer, batch, :, : step.width]
-            values = self.values[layer, batch, :, : step.width]
+        keys = self.keys.read(layer, batch, step.width)
+        values = self.values.read(layer, batch, step.width)
         return F.scaled_dot_product_attention(
             q, keys, values, attn_mask=step.mask, scale=scale, enable_gqa=True
         )

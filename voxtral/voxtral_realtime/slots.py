@@ -14,6 +14,7 @@ import structlog
 import torch
 
 from voxtral.errors import WeightsError
+from voxtral.voxtral_realtime.ring_cells import RingCells
 
 log = structlog.get_logger(__name__)
 
@@ -34,9 +35,10 @@ class RingShape:
         """A step writes before it attends: the ring keeps `max_step - 1` cells past the window."""
         return self.window + self.max_step - 1
 
-    def slot_bytes(self, dtype: torch.dtype) -> int:
+    def slot_bytes(self, dtype: torch.dtype, float8: bool = False) -> int:
         cells = self.cells + 1  # and the spare cell a steady step's idle rows write to (`SlidingKV`)
-        per_layer = 2 * self.num_kv_heads * cells * self.head_dim * dtype.itemsize  # keys and values
+        cell = RingCells.bytes_per_cell(self.num_kv_heads, self.head_dim, dtype, float8)
+        per_layer = 2 * cells * cell  # keys and values
         return self.num_layers * per_layer + cells * torch.long.itemsize  # and each cell's position
 
 
