@@ -56,7 +56,7 @@ def test_every_flag_is_a_config_field_with_its_default():
     flags = {a.dest: a.default for a in serve_parser()._actions if a.option_strings and a.dest != "help"}
     fields = {f.name: default_of(f) for cls in CLASSES for f in settings_of(cls)}
     assert flags == fields
-    assert len(flags) == 25
+    assert len(flags) == 26
 
 
 def test_no_flags_give_the_config_defaults():
