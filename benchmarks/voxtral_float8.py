@@ -22,8 +22,29 @@ import torch
 from benchmarks.engine_throughput import isolated, speech
 from benchmarks.voxtral_real_size import build
 from realtime.logs import configure_logging
-from tests.voxtral_harness import engine_log_mel, streamed_logits
+from tests.voxtral_harness import engine_log_mel
 from voxtral.voxtral_realtime.model import VoxtralModel
+from voxtral.voxtral_realtime.sliding_kv import Rows
+
+
+def streamed_logits(
+    model: VoxtralModel, mels: torch.Tensor, fed_back: list[int] | None = None
+) -> torch.Tensor:
+    """(positions, vocab) logits of slot 0 streamed one position a step, `mels` (positions, 1,
+    n_mels, frames a position); `fed_back`: the tokens fed back after each step instead of the
+    model's own choices, so that two models are judged on one history."""
+    logits: list[torch.Tensor] = []
+    hook = model.model.lm_head.register_forward_hook(lambda _, __, out: logits.append(out.float().cpu()))
+    try:
+        for position in range(len(mels)):
+            encode = Rows.build([0], [position * model.downsample], [model.downsample], model.device)
+            decode = Rows.build([0], [position], [1], model.device)
+            model.decode(decode, model.encode(encode, mels[position].to(model.device)))
+            if fed_back is not None:
+                model.last_token[0] = fed_back[position]
+    finally:
+        hook.remove()
+    return torch.cat(logits)
 
 
 def run(path: Path, audio: np.ndarray, float8: bool, fed_back: list[int] | None, device: str) -> dict:

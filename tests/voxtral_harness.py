@@ -19,7 +19,6 @@ from voxtral.audio import SAMPLE_RATE
 from voxtral.loading import load_model
 from voxtral.vad import VadConfig
 from voxtral.voxtral_realtime.model import VoxtralModel, log_mel
-from voxtral.voxtral_realtime.sliding_kv import Rows
 
 # Three checkpoints that differ where the streaming code could go wrong: downsample
 # factor, delay, left padding, sliding windows shorter than the prompt, GQA.
@@ -208,23 +207,3 @@ def wait_for_release(engine: Engine, seconds: float = 30) -> None:
 def voxtral_engine(path: Path, max_sessions: int = 8, dtype: str = "float32", device: str = "cpu") -> Engine:
     loaded = load_model(str(path), device, dtype, max_sessions=max_sessions)
     return Engine(loaded.runner, EngineConfig(max_sessions=max_sessions))
-
-
-def streamed_logits(
-    model: VoxtralModel, mels: torch.Tensor, fed_back: list[int] | None = None
-) -> torch.Tensor:
-    """(positions, vocab) logits of slot 0 streamed one position a step, `mels` (positions, 1,
-    n_mels, frames a position); `fed_back`: the tokens fed back after each step instead of the
-    model's own choices, so that two models are judged on one history."""
-    logits: list[torch.Tensor] = []
-    hook = model.model.lm_head.register_forward_hook(lambda _, __, out: logits.append(out.float().cpu()))
-    try:
-        for position in range(len(mels)):
-            encode = Rows.build([0], [position * model.downsample], [model.downsample], model.device)
-            decode = Rows.build([0], [position], [1], model.device)
-            model.decode(decode, model.encode(encode, mels[position].to(model.device)))
-            if fed_back is not None:
-                model.last_token[0] = fed_back[position]
-    finally:
-        hook.remove()
-    return torch.cat(logits)
