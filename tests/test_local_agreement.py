@@ -201,3 +201,27 @@ def test_committed_words_leave_only_where_no_segment_can_and_never_the_last_one(
     other = WindowCommitter(window_words=SAID.split()[:10])
     commit = other.update(hyp((0, None, SAID)), False, False, trim_before=4.2, word_spans=lambda: SPANS[:5])
     assert commit.trim_seconds == 0 and other.window_words == SAID.split()[:10]
+
+
+def test_a_long_window_that_hears_none_of_its_new_words_twice_leaves_by_its_closed_segments():
+    """The word trim left one committed word forced ("I"), and the alignment heads place every
+    word the decoder says after it at the window's end: none is heard, nothing commits, and the
+    window would grow to its force. Two such decodes of a long window trim it as a too-long one;
+    a decode that hears a new word, or a window not long, is left to the usual rules."""
+    said = hyp((0, 1.0, " I didn't know he was there."), (1.0, 2.0, " This is Diane."), (2.0, None, " And I'm"))
+    long_window = dict(trim_before=9.0, heard_words=1, word_spans=lambda: SPANS[:9])
+
+    deaf = WindowCommitter(window_words=["I"])
+    assert deaf.update(said, False, False, **long_window).text == ""
+    commit = deaf.update(said, False, False, **long_window)
+    assert commit.text == "didn't know he was there. This is Diane."
+    assert commit.trim_seconds == 2.0 and deaf.window_words == [] and deaf.deaf_decodes == 0
+
+    hearing = WindowCommitter(window_words=["I"])
+    hearing.update(said, False, False, **long_window)
+    hearing.update(said, False, False, **(long_window | {"heard_words": 2}))
+    assert hearing.update(said, False, False, **long_window).text == ""  # one deaf decode since
+
+    short = WindowCommitter(window_words=["I"])
+    for _ in range(4):
+        assert short.update(said, False, False, heard_words=1).text == ""

@@ -20,6 +20,10 @@ from voxtral.whisper.words import split_words
 
 _PUNCT = re.compile(r"[^\w']+")
 REHEARD_WORDS = 3
+# Decodes in a row of a long window that heard none of their new words, after which it is
+# trimmed as a too-long one: the alignment heads placed everything past the forced words at
+# the window's end, and every later decode of it would too.
+DEAF_DECODES = 2
 
 
 def _norm(word: str) -> str:
@@ -157,6 +161,7 @@ class WindowCommitter:
     # Committed words the window start last moved past: Whisper may time a segment's end
     # early, and a window trimmed there still holds its last words.
     trimmed: list[str] = field(default_factory=list)
+    deaf_decodes: int = 0  # the last decodes in a row that said new words and heard none of them
 
     def _heard_again(self, words: list[Word]) -> int:
         """How many of the hypothesis's first words are the last trimmed ones, heard again
@@ -221,10 +226,12 @@ class WindowCommitter:
         `trim_before` that committed segments ending before it (seconds) may leave the window;
         `heard_words` how many of the hypothesis's words were heard early enough to commit
         (None: all); `settled_words` how many were heard so early that they need no agreement;
-        `word_spans` where each of the hypothesis's words was spoken (seconds), asked only when
-        no segment can leave a window that should move: its committed words leave instead."""
+        `word_spans` where each of the hypothesis's words was spoken (seconds), given only for a
+        long window and asked only when no segment can leave it: its committed words leave
+        instead. A long window whose decodes heard none of their new words `DEAF_DECODES` times
+        in a row is trimmed as a too-long one: nothing it says would ever be heard."""
         if hyp is None:
-            self.pending = []
+            self.pending, self.deaf_decodes = [], 0
             return WindowCommit("", clear=not self.window_words)
         said = _said(hyp, self.spaced, window_seconds, heard_words, settled_words)
         words = [word for segment in said for word in segment.words]
@@ -233,6 +240,9 @@ class WindowCommitter:
         tail = self._after_committed(words)
         first = len(words) - len(tail)
         agreed = len(tail) if commit_all else self._agreed(tail)
+        self.deaf_decodes = self.deaf_decodes + 1 if tail and not _leading(tail, lambda w: w.heard) else 0
+        if word_spans is not None and self.deaf_decodes >= DEAF_DECODES:
+            force_trim, self.deaf_decodes = True, 0
         clear = False
         if force_trim and not commit_all:
             # Too long: commit through the last segment closed before the hypothesis's last one
