@@ -4,12 +4,10 @@ and the page on one port, with a graceful drain. uvicorn serves the sockets, Web
 
 import asyncio
 import contextlib
-import hmac
 import json
 import signal
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
@@ -17,9 +15,8 @@ from typing import Protocol
 
 import structlog
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
@@ -28,13 +25,22 @@ from realtime import heap
 from realtime.admission import Admission
 from realtime.config import ConfigError, ServedModel, ServerConfig
 from realtime.connection import CLOSE_SECONDS, Connection
+from realtime.door import (
+    BAD_KEY,
+    LISTEN_PATH,
+    RETRY_AFTER_SECONDS,
+    TOKEN_SUBPROTOCOL,
+    Door,
+    authorized,
+    subprotocols,
+    wants_openai,
+)
 from realtime.engine.events import EngineEvent
 from realtime.engine.loop import Engine
-from realtime.limits import client_address
+from realtime.health import READY_PATH, answers_ok, health
 from realtime.metrics import Metrics
 from realtime.progress import EngineProgress
-from realtime.protocols import deepgram_wire, file_api, openai_wire
-from realtime.protocols import vllm as protocol
+from realtime.protocols import deepgram_wire, file_api
 from realtime.protocols.common import ProtocolError, check_model, transcription
 from realtime.protocols.deepgram import DeepgramSession
 from realtime.protocols.openai import OpenAISession
@@ -46,17 +52,8 @@ from realtime.uploads import UploadRefused, Uploads
 log = structlog.get_logger("voxrt.server")
 
 REALTIME_PATH = "/v1/realtime"
-LISTEN_PATH = "/v1/listen"  # Deepgram's live wire
 PAGE = Path(__file__).parent / "static" / "index.html"  # a page to try voxrt in a browser, at `/`
-# Browsers cannot set headers on a WebSocket: OpenAI's browser clients send the key as a subprotocol.
-KEY_SUBPROTOCOL = "openai-insecure-api-key."
-# Deepgram's browser clients offer two: `token`, then the key.
-TOKEN_SUBPROTOCOL = "token"
 ENGINE_CHECK_SECONDS = 1.0
-# What a refused client is told to wait: about the capacity window's time to measure anew.
-RETRY_AFTER_SECONDS = 5
-# A missing or wrong key, told alike on every path: OpenAI's code for it.
-BAD_KEY = (HTTPStatus.UNAUTHORIZED, "invalid_api_key", "missing or wrong API key")
 ROUTES_SERVED = (
     "WebSocket /v1/realtime, /v1/listen; POST /v1/audio/transcriptions, /v1/audio/translations;"
     " GET /v1/models, /health, /metrics"
@@ -79,11 +76,11 @@ class RealtimeServer:
         self.metrics = Metrics(engine)
         engine.on_step = lambda seconds, _: self.metrics.step_seconds.observe(seconds)
         self.model = model
-        self.connections_by_address: Counter[str] = Counter()
         self.connections: set[Connection] = set()
         self.routes: dict[str, Listener] = {}  # utterance id -> the connection or upload it is for
         self.progress = EngineProgress()
         self.admission = Admission(engine, self.metrics, self.connections)
+        self.door = Door(config, engine, self.admission, self.metrics)
         self.uploads = Uploads(
             engine, self.metrics, model, self.routes, self.progress, config.max_uploads, RETRY_AFTER_SECONDS
         )
@@ -98,7 +95,7 @@ class RealtimeServer:
             routes=[
                 Route("/health", self._health),
                 Route("/health/live", self._health),
-                Route("/health/ready", self._health),
+                Route(READY_PATH, self._health),
                 Route("/metrics", self._metrics),
                 Route("/", self._page),
                 Route("/v1/audio/transcriptions", self._transcriptions, methods=["POST"]),
@@ -113,68 +110,11 @@ class RealtimeServer:
             exception_handlers={404: _no_such_route, 405: _no_such_route},
         )
 
-    def _refusal(self, request: HTTPConnection, status: HTTPStatus, code: str, message: str) -> Response:
-        self.metrics.errors.labels(code=code).inc()
-        self.metrics.refusals.labels(reason=code).inc()
-        log.info("server.refused", code=code, status=int(status))
-        busy = status == HTTPStatus.SERVICE_UNAVAILABLE
-        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if busy else None
-        if request.url.path == LISTEN_PATH:
-            request_id = deepgram_wire.new_request_id()
-            body = json.dumps(deepgram_wire.refusal_body(code, message, request_id))
-            # A header is Latin-1: what a client put in the query is told in ASCII escapes.
-            told = message[:200].encode("ascii", "backslashreplace").decode()
-            headers = {**(headers or {}), "dg-error": told, "dg-request-id": request_id}
-        elif _wants_openai(request):
-            body = openai_wire.error(code, message)
-        else:
-            body = protocol.error(code, message)
-        return Response(body + "\n", status, headers, media_type="application/json")
-
-    def _authorized(self, headers: Headers) -> bool:
-        """The key as a bearer header, or as the subprotocol OpenAI's browser clients send."""
-        if self.config.api_key is None:
-            return True
-        offered = [
-            p.removeprefix(KEY_SUBPROTOCOL) for p in _subprotocols(headers) if p.startswith(KEY_SUBPROTOCOL)
-        ]
-        offered += _after_token(_subprotocols(headers))
-        offered = [key for key in offered if key]  # an empty key is no key
-        given = [headers.get("Authorization", ""), *(f"Bearer {key}" for key in offered)]
-        # Deepgram's clients say `Token KEY`; a bearer token is the same key here.
-        given = [f"Bearer {g.removeprefix('Token ')}" if g.startswith("Token ") else g for g in given]
-        expected = f"Bearer {self.config.api_key}".encode()
-        return any(hmac.compare_digest(g.encode(), expected) for g in given)
-
     async def _health(self, request: Request) -> Response:
-        """`/health/live`: the engine thread runs. `/health/ready`: also accepting new connections
-        (not draining, not at capacity, no step fault the engine could not narrow to an
-        utterance). `/health`: liveness, with the figures."""
-        if not self.engine.alive:
-            status = "engine_dead"
-        elif not self.engine.healthy:
-            status = "engine_faulted"  # live, serving what it holds; a restart clears it
-        elif self.draining:
-            status = "draining"
-        elif self.admission.busy() is not None:
-            status = "at_capacity"
-        else:
-            status = "ok"
-        path = request.url.path
-        healthy = status == "ok" or (path != "/health/ready" and status != "engine_dead")
-        stats, (_, fit) = self.engine.stats(), self.admission.seats()
-        body = {
-            "status": status,
-            "model": self.model.name,
-            "connections": len(self.connections),
-            "capacity": fit,
-            "max_sessions": self.engine.config.max_sessions,
-            "busy_share": round(stats.busy_share, 3),
-            "session_step_seconds": round(stats.session_step_seconds, 3),
-            "lag_seconds": round(self.admission.lag_seconds, 3),
-            "utterances": stats.utterances,
-        }
-        return _json(HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE, body)
+        draining, connections = self.draining, len(self.connections)
+        body = health(self.engine, self.admission, self.model.name, connections, draining)
+        ok = answers_ok(body["status"], request.url.path)
+        return _json(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, body)
 
     async def _metrics(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
@@ -187,21 +127,18 @@ class RealtimeServer:
 
     async def _models(self, request: Request) -> Response:
         """OpenAI's model list and model, as vLLM's clients ask a server which model it runs
-        (`client.models.list().data[0].id`): the served model under each name a client may ask for
-        it by, its own name first."""
-        if not self._authorized(request.headers):
+        (`client.models.list().data[0].id`): the served model under each name a client may ask
+        for it by, its own name first."""
+        if not authorized(request.headers, self.config.api_key):
             return file_api.error_response(*BAD_KEY)
         names = [self.model.name, *sorted(self.model.names - {self.model.name})]
-        listed = {
-            name: {"id": name, "object": "model", "created": self.created, "owned_by": "voxrt"}
-            for name in names
-        }
+        made = {"object": "model", "created": self.created, "owned_by": "voxrt"}
+        listed = {name: {"id": name, **made} for name in names}
         if (wanted := request.path_params.get("model")) is None:
             return _json(HTTPStatus.OK, {"object": "list", "data": list(listed.values())})
         if wanted not in listed:
-            return file_api.error_response(
-                HTTPStatus.NOT_FOUND, "model_not_found", f"the model {wanted[:200]!r} is not served here"
-            )
+            message = f"the model {wanted[:200]!r} is not served here"
+            return file_api.error_response(HTTPStatus.NOT_FOUND, "model_not_found", message)
         return _json(HTTPStatus.OK, listed[wanted])
 
     async def _transcriptions(self, request: Request) -> Response:
@@ -212,48 +149,9 @@ class RealtimeServer:
 
     async def _upload(self, request: Request, task: str) -> Response:
         """OpenAI's file API, past the checks every request to this server meets."""
-        refused = None
-        if not self._authorized(request.headers):
-            refused = UploadRefused(*BAD_KEY)
-        elif self.draining:
-            refused = UploadRefused(HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining")
-        elif not self.engine.healthy:
-            refused = UploadRefused(
-                HTTPStatus.SERVICE_UNAVAILABLE, "engine_faulted", "the engine failed a step"
-            )
+        refused = self.door.closed(request.headers, self.draining)
+        refused = None if refused is None else UploadRefused(*refused)
         return await self.uploads.answer(request, task, self.config.max_upload_mb << 20, refused)
-
-    def _refuse_upgrade(self, websocket: WebSocket) -> Response | None:
-        """Why this upgrade gets no session (an HTTP response), or None: it is seated."""
-        origin = websocket.headers.get("Origin")
-        if self.config.allowed_origins and origin is not None and origin not in self.config.allowed_origins:
-            return self._refusal(
-                websocket,
-                HTTPStatus.FORBIDDEN,
-                "origin_not_allowed",
-                f"origin {origin[:200]!r} is not allowed",
-            )
-        if not self._authorized(websocket.headers):
-            return self._refusal(websocket, *BAD_KEY)
-        if self.draining:
-            return self._refusal(
-                websocket, HTTPStatus.SERVICE_UNAVAILABLE, "shutting_down", "server is draining"
-            )
-        if not self.engine.healthy:
-            return self._refusal(
-                websocket, HTTPStatus.SERVICE_UNAVAILABLE, "engine_faulted", "the engine failed a step"
-            )
-        limit = self.config.max_connections_per_ip
-        if limit and self.connections_by_address[self._address(websocket)] >= limit:
-            return self._refusal(
-                websocket,
-                HTTPStatus.TOO_MANY_REQUESTS,
-                "too_many_connections_from_address",
-                f"at most {limit} connections from one address",
-            )
-        if (busy := self.admission.admit(websocket)) is not None:
-            return self._refusal(websocket, HTTPStatus.SERVICE_UNAVAILABLE, "server_busy", busy)
-        return None
 
     def _route(self, events: list[tuple[str, EngineEvent]]) -> None:
         """A step's events to the connections whose utterances they are (none: ended meanwhile);
@@ -268,19 +166,14 @@ class RealtimeServer:
                     )
         self.progress.wake()
 
-    def _address(self, request: HTTPConnection) -> str:
-        peer = request.client.host if request.client else ""
-        forwarded_for = request.headers.getlist("X-Forwarded-For")
-        return client_address(peer, forwarded_for, self.config.trusted_proxies)
-
     async def _realtime(self, websocket: WebSocket) -> None:
-        if (refusal := self._refuse_upgrade(websocket)) is not None:
+        if (refusal := self.door.refuse_upgrade(websocket, self.draining)) is not None:
             await deny(websocket, refusal)
             return
         # A browser that offered subprotocols refuses an upgrade that picks none; OpenAI's
         # browser clients offer `realtime` with their key. Never the key.
-        subprotocol = "realtime" if "realtime" in _subprotocols(websocket.headers) else None
-        if _wants_openai(websocket):
+        subprotocol = "realtime" if "realtime" in subprotocols(websocket.headers) else None
+        if wants_openai(websocket):
             await self._serve(websocket, subprotocol, OpenAISession)
         else:  # vLLM's, or OpenAI's if its first event says so
             await self._serve(websocket, subprotocol, VllmSession)
@@ -288,7 +181,7 @@ class RealtimeServer:
     async def _listen(self, websocket: WebSocket) -> None:
         """Deepgram's live wire: its options are read from the query before the upgrade, and a
         wrong one refuses it (400), as Deepgram does."""
-        if (refusal := self._refuse_upgrade(websocket)) is not None:
+        if (refusal := self.door.refuse_upgrade(websocket, self.draining)) is not None:
             await deny(websocket, refusal)
             return
         try:
@@ -301,9 +194,9 @@ class RealtimeServer:
             asked = transcription(spec, language, None, prompt, spec.word_times, options.diarize)
         except ProtocolError as exc:
             self.admission.seated(websocket)
-            await deny(websocket, self._refusal(websocket, HTTPStatus.BAD_REQUEST, exc.code, exc.message))
+            await deny(websocket, self.door.refusal(websocket, HTTPStatus.BAD_REQUEST, exc.code, exc.message))
             return
-        subprotocol = TOKEN_SUBPROTOCOL if TOKEN_SUBPROTOCOL in _subprotocols(websocket.headers) else None
+        subprotocol = TOKEN_SUBPROTOCOL if TOKEN_SUBPROTOCOL in subprotocols(websocket.headers) else None
         await self._serve(websocket, subprotocol, lambda c: DeepgramSession(c, options, asked))
 
     async def _serve(
@@ -325,17 +218,17 @@ class RealtimeServer:
             self.progress,
             connection_id,
         )
-        address = self._address(websocket)
-        self.connections_by_address[address] += 1
+        address = self.door.address(websocket)
+        self.door.by_address[address] += 1
         self.connections.add(connection)
         self.metrics.connections_active.inc()
         try:
             await connection.run(make_wire)
         finally:
             self.connections.discard(connection)
-            self.connections_by_address[address] -= 1
-            if not self.connections_by_address[address]:
-                del self.connections_by_address[address]  # the table holds live addresses only
+            self.door.by_address[address] -= 1
+            if not self.door.by_address[address]:
+                del self.door.by_address[address]  # the table holds live addresses only
             self.metrics.connections_active.dec()
 
     async def start(self) -> None:
@@ -431,19 +324,3 @@ async def _no_such_route(request: Request, exc: HTTPException) -> Response:
 
 def _json(status: HTTPStatus, body: dict) -> Response:
     return Response(json.dumps(body) + "\n", status, media_type="application/json")
-
-
-def _wants_openai(request: HTTPConnection) -> bool:
-    """OpenAI's SDK puts `intent=transcription` (or a model) in the URL; vLLM's clients do not."""
-    return "intent" in request.query_params or "model" in request.query_params
-
-
-def _after_token(subprotocols: list[str]) -> list[str]:
-    """The key a Deepgram browser client offers after `token`."""
-    if TOKEN_SUBPROTOCOL in subprotocols[:-1]:
-        return [subprotocols[subprotocols.index(TOKEN_SUBPROTOCOL) + 1]]
-    return []
-
-
-def _subprotocols(headers: Headers) -> list[str]:
-    return [p.strip() for value in headers.getlist("Sec-WebSocket-Protocol") for p in value.split(",")]
