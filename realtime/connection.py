@@ -5,20 +5,20 @@ into calls here and engine events into server events; this class owns what both 
 """
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import structlog
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from realtime.config import ServedModel
 from realtime.engine.events import Delta, Done, EngineEvent, Failed
 from realtime.engine.loop import Engine
 from realtime.limits import ConnectionLimits, EventRate
 from realtime.metrics import Metrics
+from realtime.outbox import Outbox
 from realtime.progress import EngineProgress
 from realtime.protocols.common import ProtocolError
 from realtime.protocols.openai import OpenAISession
@@ -67,7 +67,7 @@ class Connection:
         self.model, self.routes, self.progress = model, routes, progress
         self.connection_id = connection_id
         self.log = structlog.get_logger("voxrt.connection").bind(connection_id=connection_id)
-        self.outbox: asyncio.Queue[str | None] = asyncio.Queue(maxsize=limits.outbox_events)
+        self.outbox = Outbox(websocket, limits.outbox_events, self._send_failed)
         self.wire: WireSession | None = None
         self.utterances: dict[str, LiveUtterance] = {}  # started, not yet done or failed
         self.draining = False  # the server ended every input: audio still coming is not the client's fault
@@ -82,7 +82,6 @@ class Connection:
         self.num_deltas = 0
         self.num_errors = 0
         self.closing: asyncio.Future | None = None
-        self.sender: asyncio.Task | None = None
         self.reader = MessageReader(websocket)
         self.close_code: int | None = None  # sent or received
 
@@ -90,7 +89,7 @@ class Connection:
         """Serve the client until either side closes, in the protocol its URL chose (or, from
         vLLM's, its first event)."""
         wire = self.wire = make_wire(self)
-        self.sender = asyncio.create_task(self._send_loop())
+        self.outbox.start(self.log)
         wire.opened()
         self.log.info("connection.open", remote=str(self.websocket.client), protocol=type(wire).__name__)
         try:
@@ -138,7 +137,7 @@ class Connection:
                 await self.closing
         finally:
             self.abort_all()
-            self.sender.cancel()
+            self.outbox.stop()
             self.reader.stop()
             self.log.info(
                 "connection.close",
@@ -167,18 +166,9 @@ class Connection:
         """An utterance's input ended and its result is owed: the client may wait silently."""
         return any(u.finishing for u in self.utterances.values())
 
-    async def _send_loop(self) -> None:
-        try:
-            while (text := await self.outbox.get()) is not None:
-                # Text that is no UTF-8 raises here: the connection closes with a reason.
-                await self.websocket.send_text(text)
-        except WebSocketDisconnect:
-            pass
-        except Exception:
-            # An event that cannot go out: this connection ends with a reason, no other does.
-            self.log.exception("connection.send_failed")
-            self.metrics.closes.labels(reason="internal_error").inc()
-            self.end(1011, "internal_error")
+    def _send_failed(self) -> None:
+        self.metrics.closes.labels(reason="internal_error").inc()
+        self.end(1011, "internal_error")
 
     async def close(self, code: int, reason: str, message: str) -> None:
         """An error event saying why, the events queued before it, then the close frame."""
@@ -201,10 +191,7 @@ class Connection:
         close, and a peer that reads nothing is dropped by the kernel (the listening socket's
         `TCP_USER_TIMEOUT`)."""
         if after_outbox:
-            with contextlib.suppress(asyncio.QueueFull):
-                self.outbox.put_nowait(None)
-            if self.sender is not None:
-                await asyncio.wait([self.sender], timeout=CLOSE_SECONDS)
+            await self.outbox.flush(CLOSE_SECONDS)
         self.close_code = self.close_code or code
         try:
             async with asyncio.timeout(CLOSE_SECONDS):
@@ -250,12 +237,10 @@ class Connection:
     def send(self, text: str) -> None:
         if self.closing is not None:
             return
-        try:
-            self.outbox.put_nowait(text)
-        except asyncio.QueueFull:
+        if not self.outbox.put(text):
             self.count_error("slow_consumer", "client is not reading events")
             self.metrics.closes.labels(reason="slow_consumer").inc()
-            self.log.warning("connection.slow_consumer", outbox=self.outbox.qsize())
+            self.log.warning("connection.slow_consumer", outbox=self.outbox.queue.qsize())
             self.end(1008, "slow_consumer: client is not reading events")
 
     def send_error(self, code: str, message: str) -> None:

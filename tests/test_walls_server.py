@@ -209,7 +209,7 @@ def test_the_admission_watcher_survives_a_check_that_raises_and_a_shed_whose_sen
         wait_until(lambda: calls["n"] >= 2, 10)  # the watcher checked again after the fault
         assert not server.server.watcher.done()
         server.loop.call_soon_threadsafe(connection.send, "\ud800")  # its sender dies
-        wait_until(lambda: connection.sender.done(), 10)
+        wait_until(lambda: connection.outbox.sender.done(), 10)
         shed = asyncio.run_coroutine_threadsafe(
             connection.close(1013, "server_overloaded", "shed"), server.loop
         )
