@@ -51,7 +51,8 @@ from realtime.logs import configure_logging
 from realtime.server import RealtimeServer
 from voxtral.audio import SAMPLE_RATE
 from voxtral.loading import served_cpu_weights
-from voxtral.whisper.model import Hypothesis, WhisperModel
+from voxtral.whisper.hypothesis import Hypothesis
+from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter
 from voxtral.whisper.runner import WhisperRunner
 from voxtral.whisper.weights import TINY_EN, embedded_whisper_dir

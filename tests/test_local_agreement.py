@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from voxtral.whisper.model import Hypothesis, Segment
+from voxtral.whisper.hypothesis import Hypothesis, Segment
 from voxtral.whisper.policy import WindowCommitter, drop_repetition
 
 
@@ -208,7 +208,9 @@ def test_a_long_window_that_hears_none_of_its_new_words_twice_leaves_by_its_clos
     word the decoder says after it at the window's end: none is heard, nothing commits, and the
     window would grow to its force. Two such decodes of a long window trim it as a too-long one;
     a decode that hears a new word, or a window not long, is left to the usual rules."""
-    said = hyp((0, 1.0, " I didn't know he was there."), (1.0, 2.0, " This is Diane."), (2.0, None, " And I'm"))
+    said = hyp(
+        (0, 1.0, " I didn't know he was there."), (1.0, 2.0, " This is Diane."), (2.0, None, " And I'm")
+    )
     long_window = dict(trim_before=9.0, heard_words=1, word_spans=lambda: SPANS[:9])
 
     deaf = WindowCommitter(window_words=["I"])

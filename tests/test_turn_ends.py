@@ -11,6 +11,7 @@ from benchmarks.real_speech import recording
 from benchmarks.streaming_wer import streamed_events
 from realtime.engine.events import Delta, Done, Interim
 from realtime.engine.loop import Engine
+from scheduler import Request
 from voxtral.runner import Transcription
 from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.runner import WhisperRunner
@@ -30,11 +31,18 @@ class DecodedAgain(WhisperRunner):
         super().__init__(model)
         self.ends = 0
 
-    def _heard_through(self, state: WhisperStream, end: int) -> Window | None:
-        if (heard := super()._heard_through(state, end)) is None:
-            return None
-        self.ends += 1
-        return replace(heard, hypothesis=None)
+    def new_state(self, request: Request, transcription: Transcription) -> WhisperStream:
+        state = super().new_state(request, transcription)
+        heard_through = state.heard_through
+
+        def decoded_again(end: int) -> Window | None:
+            if (heard := heard_through(end)) is None:
+                return None
+            self.ends += 1
+            return replace(heard, hypothesis=None)
+
+        state.heard_through = decoded_again
+        return state
 
 
 def decoded_windows(runner: WhisperRunner) -> list[int]:

@@ -4,7 +4,7 @@ alignment heads' attention; and which words of a hypothesis count as heard."""
 import torch
 from transformers import WhisperForConditionalGeneration
 
-from voxtral.whisper.model import Hypothesis
+from voxtral.whisper.hypothesis import Hypothesis
 from voxtral.whisper.words import TokenWords, split_words
 
 

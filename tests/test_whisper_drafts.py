@@ -11,7 +11,8 @@ import torch
 from benchmarks.real_speech import recording
 from voxtral.audio import SAMPLE_RATE, normalize_log_mel, raw_log_mel
 from voxtral.whisper.decoder import pad_states
-from voxtral.whisper.model import Hypothesis, WhisperModel
+from voxtral.whisper.hypothesis import Hypothesis
+from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.policy import WhisperPolicy
 from voxtral.whisper.stream import POSITIONS_PER_SECOND
 

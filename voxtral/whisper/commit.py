@@ -5,7 +5,8 @@ from dataclasses import replace
 from functools import cache
 
 from voxtral.runner import TimedWord, UtteranceOutput
-from voxtral.whisper.model import Hypothesis, WhisperModel
+from voxtral.whisper.hypothesis import Hypothesis
+from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter
 from voxtral.whisper.stream import POSITIONS_PER_SECOND, WhisperStream, Window
 from voxtral.whisper.timing import timed_words

@@ -10,8 +10,9 @@ import torch
 from voxtral.audio import normalize_log_mel
 from voxtral.runner import run_rows
 from voxtral.whisper.decoder import pad_states
+from voxtral.whisper.hypothesis import Hypothesis
 from voxtral.whisper.language import detect_languages
-from voxtral.whisper.model import Hypothesis, WhisperModel
+from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.pieces import joined, quietest, through_segments
 from voxtral.whisper.policy import WhisperPolicy, drop_repetition
 from voxtral.whisper.stream import POSITIONS_PER_SECOND, Window

@@ -3,7 +3,6 @@
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -15,40 +14,13 @@ from voxtral.errors import WeightsError
 from voxtral.whisper import half_weights
 from voxtral.whisper.decoder import StepDecoder
 from voxtral.whisper.greedy import GreedyRow
+from voxtral.whisper.hypothesis import SECONDS_PER_TIMESTAMP, Hypothesis, Segment
 from voxtral.whisper.layers import load_whisper, read_json
 from voxtral.whisper.logits import Suppress, SuppressAtStart, TimestampRules, apply
 
-SECONDS_PER_TIMESTAMP = 0.02
 MULTILINGUAL_VOCAB_SIZE = 51865
 TASKS = ("transcribe", "translate")
 CPU_WEIGHTS = ("int8", "bfloat16")  # `WhisperModel`'s `cpu_weights`
-
-
-@dataclass
-class Segment:
-    start: float  # seconds from the window start
-    end: float | None  # None when the model stopped before closing it
-    text: str
-
-
-@dataclass
-class Hypothesis:
-    token_ids: list[int]  # the forced prefix, then the generated tokens
-    segments: list[Segment]
-    no_speech_prob: float
-    avg_logprob: float
-    num_forced: int = 0
-    # For each generated token, the encoder frame (20 ms) the alignment heads attended
-    # to most while predicting it: where in the window the token was heard.
-    frames: list[int] = field(default_factory=list)
-    # For each generated token, its log-probability: a dropped loop's tokens are gone from
-    # both lists, and from `avg_logprob`.
-    logprobs: list[float] = field(default_factory=list)
-    looped: bool = False  # decoding stopped on a repeat, its segment dropped (`GreedyRow`)
-
-    @property
-    def text(self) -> str:
-        return "".join(s.text for s in self.segments)
 
 
 class WhisperModel:

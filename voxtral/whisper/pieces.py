@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import torch
 
-from voxtral.whisper.model import Hypothesis, Segment
+from voxtral.whisper.hypothesis import Hypothesis, Segment
 from voxtral.whisper.stream import POSITIONS_PER_SECOND
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from itertools import accumulate
 
-from voxtral.whisper.model import Hypothesis, Segment
+from voxtral.whisper.hypothesis import Hypothesis, Segment
 from voxtral.whisper.words import split_words
 
 _PUNCT = re.compile(r"[^\w']+")

@@ -5,7 +5,6 @@ utterance is not decoded, and when speech stops its window is decoded once more 
 committed whole (endpointing), so the next sentence starts a fresh window.
 """
 
-import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -17,8 +16,9 @@ from scheduler import Request, RequestUpdate, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, raw_log_mel
 from voxtral.runner import ModelSpec, StepResult, Transcription, UtteranceOutput, run_now
 from voxtral.whisper.commit import commit_window, leave_silence
+from voxtral.whisper.hypothesis import Hypothesis
 from voxtral.whisper.lanes import WindowDecoder
-from voxtral.whisper.model import Hypothesis, WhisperModel
+from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.policy import WhisperPolicy, WindowCommitter
 from voxtral.whisper.stream import POSITIONS_PER_SECOND, Speech, WhisperStream, Window
 from voxtral.whisper.words import TokenWords, is_spaced
@@ -135,36 +135,6 @@ class WhisperRunner:
     def pause(self, state: WhisperStream, position: int | None) -> None:
         state.pause_from = position
 
-    def _due_from(self, state: WhisperStream) -> int | None:
-        """Where the audio of a turn going on is enough for its next decode: heard long enough
-        (to detect its language, if unknown), and `update_seconds` past the last decode."""
-        if not state.turns or state.turns[0].stop is not None:
-            return None
-        p = self.policy
-        least = p.min_decode_seconds
-        if not state.language:  # its next guess at the language
-            least = p.detect_language_seconds * (len(state.language_guesses) + 1)
-        update = round(p.update_seconds * POSITIONS_PER_SECOND)
-        due = max(state.turns[0].start + round(least * POSITIONS_PER_SECOND), state.decoded_until + update)
-        if state.pause_from is not None and due > state.pause_from:
-            # A decode falling due in a pause waits for the tail a turn's end reads: if the
-            # pause ends the turn, this decode heard its end (`_heard_through`).
-            due = max(due, state.pause_from + round(p.endpoint_tail_seconds * POSITIONS_PER_SECOND))
-        return due
-
-    def _due_since(self, request: Request, state: WhisperStream, end: int) -> float:
-        """When, on the server's clock, the decode of a turn going on fell due: the audio that made
-        it due arrived then, or, for audio that came sooner (a client faster than real time), its
-        last decode began then. Positions cannot order them: each utterance counts from its own start."""
-        due = self._due_from(state)
-        if due is None:
-            return -math.inf  # a turn that ended: not ordered
-        if end < due:
-            return math.inf  # not due
-        ids = request.input_ids_in_window(due - 1, due)
-        arrived = request.item(ids[0]).arrived_at if ids else -math.inf
-        return max(arrived, state.decoded_at)
-
     def release(self, state: WhisperStream) -> None:
         """An upload's window in decoding is dropped (its decode ends on its own); nothing else is
         per-utterance: the window lives in the encoder cache."""
@@ -191,7 +161,10 @@ class WhisperRunner:
             if request.priority:
                 self._upload_step(request, state, end, final, updates[request.request_id], result)
         # The longest due first; a turn that ended before any (it is never left for a later step).
-        due = sorted((d for d in step.values() if not d[0].priority), key=lambda d: self._due_since(*d[:3]))
+        due = sorted(
+            (d for d in step.values() if not d[0].priority),
+            key=lambda d: d[1].due_since(self.policy, d[0], d[2]),
+        )
         # Windows planned this step. A turn that ended is always planned, and takes room as a
         # window going on would: a lane's share of the step, and so the step's length, stays
         # bounded, and the words of that turn's end wait for no more than it.
@@ -293,23 +266,12 @@ class WhisperRunner:
         if window.hypothesis is None:  # decoded now, not an earlier decode committed whole
             output.num_tokens = len(hyp.token_ids) if hyp is not None else 0
         output.window_seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
-        # What a turn going on said may stand for the decode of its end (`_heard_through`);
+        # What a turn going on said may stand for the decode of its end (`WhisperStream.heard_through`);
         # an upload's end is decoded as a file is.
         kept = not window.commit_all and hyp is not None and not window.request.priority
         window.state.last_decode = replace(window, hypothesis=hyp) if kept else None
         if output.text or output.finished or output.num_tokens or output.turn_ended:
             result.add(request_id, output)
-
-    def _heard_through(self, state: WhisperStream, end: int) -> Window | None:
-        """The last decode of the turn that just ended, if it read the window as it starts now
-        through `end` (the turn's end and its tail) and none of the turn after it: committed
-        whole, it says what a decode of the same audio would, at no cost."""
-        last = state.last_decode
-        if last is None or last.end < end or last.start != state.window_start:
-            return None
-        if state.turns and state.turns[0].start < last.end:
-            return None
-        return last
 
     def _plan(
         self, request: Request, state: WhisperStream, end: int, final: bool, room: bool, update: RequestUpdate
@@ -340,16 +302,16 @@ class WhisperRunner:
                 update.waiting_from = longest
             else:
                 state.turns.popleft()
-                if (heard := self._heard_through(state, end)) is not None:
+                if (heard := state.heard_through(end)) is not None:
                     return replace(
                         heard, update=update, final=final and not state.turns, commit_all=True, detected=False
                     )
-        elif end < self._due_from(state):
+        elif end < state.due_from(self.policy):
             return None
         elif not room:
             # Planned again next step, whether audio came or not; behind real time from where
             # its decode fell due (`WhisperPolicy.max_windows_per_step`).
-            update.waiting_from = self._due_from(state)
+            update.waiting_from = state.due_from(self.policy)
             return None
         end = min(end, longest)
         if end <= state.window_start:

@@ -8,8 +8,8 @@ import torch
 
 from scheduler import AudioItem, Request, RequestUpdate
 from voxtral.audio import HOP, SAMPLE_RATE
-from voxtral.whisper.model import Hypothesis
-from voxtral.whisper.policy import WindowCommitter
+from voxtral.whisper.hypothesis import Hypothesis
+from voxtral.whisper.policy import WhisperPolicy, WindowCommitter
 
 POSITIONS_PER_SECOND = SAMPLE_RATE // HOP  # one position per mel frame
 
@@ -52,6 +52,46 @@ class WhisperStream:
     # The last decode of a turn going on, and what it said: a turn's end that it heard
     # through, from where the window still starts, commits that whole (`WhisperRunner._plan`).
     last_decode: "Window | None" = None
+
+    def due_from(self, p: WhisperPolicy) -> int | None:
+        """Where the audio of a turn going on is enough for its next decode: heard long enough
+        (to detect its language, if unknown), and `update_seconds` past the last decode."""
+        if not self.turns or self.turns[0].stop is not None:
+            return None
+        least = p.min_decode_seconds
+        if not self.language:  # its next guess at the language
+            least = p.detect_language_seconds * (len(self.language_guesses) + 1)
+        update = round(p.update_seconds * POSITIONS_PER_SECOND)
+        due = max(self.turns[0].start + round(least * POSITIONS_PER_SECOND), self.decoded_until + update)
+        if self.pause_from is not None and due > self.pause_from:
+            # A decode falling due in a pause waits for the tail a turn's end reads: if the
+            # pause ends the turn, this decode heard its end (`heard_through`).
+            due = max(due, self.pause_from + round(p.endpoint_tail_seconds * POSITIONS_PER_SECOND))
+        return due
+
+    def due_since(self, p: WhisperPolicy, request: Request, end: int) -> float:
+        """When, on the server's clock, the decode of a turn going on fell due: the audio that made
+        it due arrived then, or, for audio that came sooner (a client faster than real time), its
+        last decode began then. Positions cannot order them: each utterance counts from its own start."""
+        due = self.due_from(p)
+        if due is None:
+            return -math.inf  # a turn that ended: not ordered
+        if end < due:
+            return math.inf  # not due
+        ids = request.input_ids_in_window(due - 1, due)
+        arrived = request.item(ids[0]).arrived_at if ids else -math.inf
+        return max(arrived, self.decoded_at)
+
+    def heard_through(self, end: int) -> "Window | None":
+        """The last decode of the turn that just ended, if it read the window as it starts now
+        through `end` (the turn's end and its tail) and none of the turn after it: committed
+        whole, it says what a decode of the same audio would, at no cost."""
+        last = self.last_decode
+        if last is None or last.end < end or last.start != self.window_start:
+            return None
+        if self.turns and self.turns[0].start < last.end:
+            return None
+        return last
 
 
 @dataclass

@@ -12,7 +12,8 @@ import torch
 from scipy.ndimage import median_filter
 
 from voxtral.runner import TimedWord
-from voxtral.whisper.model import SECONDS_PER_TIMESTAMP, Hypothesis, WhisperModel
+from voxtral.whisper.hypothesis import SECONDS_PER_TIMESTAMP, Hypothesis
+from voxtral.whisper.model import WhisperModel
 from voxtral.whisper.words import TokenWords, token_logprob
 
 SECONDS_PER_FRAME = SECONDS_PER_TIMESTAMP  # one encoder frame: 20 ms

@@ -8,7 +8,7 @@ come from a hypothesis's text and from its tokens (which of them were heard in t
 from tokenizers import Tokenizer
 
 from voxtral.runner import TokenLogprob
-from voxtral.whisper.model import SECONDS_PER_TIMESTAMP, Hypothesis
+from voxtral.whisper.hypothesis import SECONDS_PER_TIMESTAMP, Hypothesis
 
 # Whisper's languages written without spaces between words (its own word splitter's list).
 UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
