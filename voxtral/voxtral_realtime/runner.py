@@ -9,9 +9,8 @@ fills the placeholders with them and detokenizes from the resolved ids.
 
 import heapq
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -27,17 +26,7 @@ from voxtral.voxtral_realtime.detokenizer import Detokenizer
 from voxtral.voxtral_realtime.model import VoxtralModel
 from voxtral.voxtral_realtime.sliding_kv import Rows
 from voxtral.voxtral_realtime.steady import SteadyRunner, SteadyStep, steady_step
-
-
-@dataclass
-class VoxtralStream:
-    """One utterance's Voxtral state. `slot` is fixed at creation; `turn_stops` belong to the
-    engine thread; `done` to the device worker (its last output went out, or it was released)."""
-
-    request_id: str
-    slot: int
-    done: bool = False
-    turn_stops: deque[int] = field(default_factory=deque)  # positions where the VAD ended turns, oldest first
+from voxtral.voxtral_realtime.stream import VoxtralStream
 
 
 @dataclass
