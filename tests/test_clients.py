@@ -18,7 +18,7 @@ import webvtt
 import captions
 from benchmarks.conversations import conversation, synthetic_voices
 from benchmarks.text import word_error_rate
-from clients import mic, soak
+from clients import mic, soak, soak_figures
 from realtime.config import ServerConfig
 from tests.conftest import ROOT, SAMPLES
 from tests.server_harness import ServerThread, unmeasured, wait_until
@@ -332,9 +332,9 @@ def soak_report(rss_mb: list[float], **changes) -> dict:
         "encoder_cache_rows_after": 0,
         "kv_slots_after": 0,
         "utterances": 10,
-        "rss_growth_after_warmup_mb": soak.rss_growth_mb(samples, warmup_until=20.0),
+        "rss_growth_after_warmup_mb": soak_figures.rss_growth_mb(samples, warmup_until=20.0),
     }
-    slope, error = soak.rss_slope_mb_per_hour(samples, warmup_until=20.0)
+    slope, error = soak_figures.rss_slope_mb_per_hour(samples, warmup_until=20.0)
     slope_report = {"rss_slope_mb_per_hour": slope, "rss_slope_stderr_mb_per_hour": error}
     return report | slope_report | changes
 
@@ -392,10 +392,10 @@ def test_the_worst_window_is_read_between_scrapes_a_window_apart():
             fast += 10
         buckets = {"le=0.5": fast, "le=10.0": fast + slow, "le=+Inf": fast + slow}
         scrapes.append((t, buckets))
-    p95, ended_at = soak.worst_window_p95(scrapes, 30.0)
+    p95, ended_at = soak_figures.worst_window_p95(scrapes, 30.0)
     assert p95 > 3.0 and 160.0 <= ended_at <= 180.0
-    assert soak.histogram_quantile(scrapes[0][1], scrapes[-1][1], 0.95) < 3.0
-    assert soak.worst_window_p95(scrapes[:3], 30.0) is None
+    assert soak_figures.histogram_quantile(scrapes[0][1], scrapes[-1][1], 0.95) < 3.0
+    assert soak_figures.worst_window_p95(scrapes[:3], 30.0) is None
 
 
 @pytest.mark.slow
