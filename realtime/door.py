@@ -76,34 +76,28 @@ class Door:
         return None
 
     def refusal(self, request: HTTPConnection, status: HTTPStatus, code: str, message: str) -> Response:
-        return refusal(request, status, code, message, self.metrics)
+        """An upgrade refused, counted and logged, in its wire's error shape."""
+        self.metrics.errors.labels(code=code).inc()
+        self.metrics.refusals.labels(reason=code).inc()
+        log.info("server.refused", code=code, status=int(status))
+        busy = status == HTTPStatus.SERVICE_UNAVAILABLE
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if busy else None
+        if request.url.path == LISTEN_PATH:
+            request_id = deepgram_wire.new_request_id()
+            body = json.dumps(deepgram_wire.refusal_body(code, message, request_id))
+            # A header is Latin-1: what a client put in the query is told in ASCII escapes.
+            told = message[:200].encode("ascii", "backslashreplace").decode()
+            headers = {**(headers or {}), "dg-error": told, "dg-request-id": request_id}
+        elif wants_openai(request):
+            body = openai_wire.error(code, message)
+        else:
+            body = protocol.error(code, message)
+        return Response(body + "\n", status, headers, media_type="application/json")
 
     def address(self, request: HTTPConnection) -> str:
         peer = request.client.host if request.client else ""
         forwarded_for = request.headers.getlist("X-Forwarded-For")
         return client_address(peer, forwarded_for, self.config.trusted_proxies)
-
-
-def refusal(
-    request: HTTPConnection, status: HTTPStatus, code: str, message: str, metrics: Metrics
-) -> Response:
-    """An upgrade refused, counted and logged, in its wire's error shape."""
-    metrics.errors.labels(code=code).inc()
-    metrics.refusals.labels(reason=code).inc()
-    log.info("server.refused", code=code, status=int(status))
-    busy = status == HTTPStatus.SERVICE_UNAVAILABLE
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if busy else None
-    if request.url.path == LISTEN_PATH:
-        request_id = deepgram_wire.new_request_id()
-        body = json.dumps(deepgram_wire.refusal_body(code, message, request_id))
-        # A header is Latin-1: what a client put in the query is told in ASCII escapes.
-        told = message[:200].encode("ascii", "backslashreplace").decode()
-        headers = {**(headers or {}), "dg-error": told, "dg-request-id": request_id}
-    elif wants_openai(request):
-        body = openai_wire.error(code, message)
-    else:
-        body = protocol.error(code, message)
-    return Response(body + "\n", status, headers, media_type="application/json")
 
 
 def authorized(headers: Headers, api_key: str | None) -> bool:
