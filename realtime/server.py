@@ -41,7 +41,7 @@ from realtime.health import READY_PATH, answers_ok, health
 from realtime.metrics import Metrics
 from realtime.progress import EngineProgress
 from realtime.protocols import deepgram_wire, file_api
-from realtime.protocols.common import ProtocolError, check_model, transcription
+from realtime.protocols.common import ProtocolError, check_model
 from realtime.protocols.deepgram import DeepgramSession
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.port import WireSession
@@ -189,15 +189,13 @@ class RealtimeServer:
                 websocket.query_params, {k: websocket.query_params.getlist(k) for k in websocket.query_params}
             )
             check_model(self.model, options.model, log)
-            spec = self.engine.runner.spec
-            language, prompt = options.language, options.prompt
-            asked = transcription(spec, language, None, prompt, spec.word_times, options.diarize)
+            transcription = options.transcription(self.engine.runner.spec)
         except ProtocolError as exc:
             self.admission.seated(websocket)
             await deny(websocket, self.door.refusal(websocket, HTTPStatus.BAD_REQUEST, exc.code, exc.message))
             return
         subprotocol = TOKEN_SUBPROTOCOL if TOKEN_SUBPROTOCOL in subprotocols(websocket.headers) else None
-        await self._serve(websocket, subprotocol, lambda c: DeepgramSession(c, options, asked))
+        await self._serve(websocket, subprotocol, lambda c: DeepgramSession(c, options, transcription))
 
     async def _serve(
         self, websocket: WebSocket, subprotocol: str | None, make_wire: Callable[[Connection], WireSession]

@@ -62,12 +62,14 @@ vllm_events = st.builds(
         task=values,
         prompt=values,
         word_timestamps=values,
+        diarize=values,
+        keyterms=values,
         audio=values,
         final=values,
     ),
 )
 vad = shaped(type=values, threshold=values, prefix_padding_ms=values, silence_duration_ms=values)
-transcription = shaped(model=values, language=values, prompt=values)
+transcription = shaped(model=values, language=values, prompt=values, keyterms=values)
 audio_input = shaped(
     format=either(shaped(type=values, rate=values)),
     transcription=either(transcription),

@@ -24,6 +24,7 @@ class Transcription:
     prompt: str = ""  # text said before: names, terms, spelling (Whisper's previous-text prompt)
     word_times: bool = False  # committed words also come as `TimedWord`s
     speakers: bool = False  # committed words come as `TimedWord`s, each with its speaker
+    keyterms: tuple[str, ...] = ()  # words to expect (names, terms): Whisper reads them after the prompt
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Annotated, TypeVar
 
 import numpy as np
@@ -29,6 +30,8 @@ MAX_PROMPT_CHARS = 4096  # a prompt; the model reads its last tokens (Whisper: 2
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 Code = Annotated[str, Field(max_length=MAX_CODE_CHARS)]
 Prompt = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+MAX_KEYTERMS = 100  # words to expect that a session may name, as Deepgram bounds its keyterms
+Keyterms = Annotated[list[Name], Field(max_length=MAX_KEYTERMS)]
 
 
 class ProtocolError(Exception):
@@ -150,34 +153,45 @@ def check_model(served: ServedModel, asked: str | None, log: BoundLogger) -> Non
         log.warning("session.model_substituted", requested=asked[:200])
 
 
-def transcription(
+def asked(
     spec: ModelSpec,
-    language: str | None,
-    task: str | None,
+    before: Transcription = Transcription(),
+    *,
+    language: str | None = None,
+    task: str | None = None,
     prompt: str | None = None,
-    word_times: bool = False,
-    speakers: bool = False,
+    word_times: bool | None = None,
+    speakers: bool | None = None,
+    keyterms: Sequence[str] | None = None,
 ) -> Transcription:
-    """The language, task, prompt, word times and speaker labels a session asked for, or the
-    error naming what the served model supports."""
-    if (word_times or speakers) and not spec.word_times:
-        asked = "speaker labels" if speakers else "word times"
+    """`before` with the options a session names (None: as it was), checked against the served
+    model: where every wire's options become the engine's, or the error naming what the model
+    supports. Each wire maps its own fields onto these."""
+    named = {
+        "language": language,
+        "task": task,
+        "prompt": prompt,
+        "word_times": word_times,
+        "speakers": speakers,
+        "keyterms": None if keyterms is None else tuple(term.strip() for term in keyterms if term.strip()),
+    }
+    merged = replace(before, **{name: value for name, value in named.items() if value is not None})
+    if (merged.word_times or merged.speakers) and not spec.word_times:
+        option = "speaker labels" if merged.speakers else "word times"
         raise ProtocolError(
-            "unsupported_option", f"the served model ({spec.name}) gives no word times: no {asked}"
+            "unsupported_option", f"the served model ({spec.name}) gives no word times: no {option}"
         )
-    if task not in (None, "transcribe", "translate"):
-        raise ProtocolError("invalid_value", f"task {task[:50]!r}: choose 'transcribe' or 'translate'")
-    if task == "translate" and not spec.translates:
+    if merged.task not in ("transcribe", "translate"):
+        raise ProtocolError("invalid_value", f"task {merged.task[:50]!r}: choose 'transcribe' or 'translate'")
+    if merged.task == "translate" and not spec.translates:
         raise ProtocolError(
             "unsupported_task", "the served model transcribes only; serve whisper-base to translate"
         )
-    if language is not None and spec.languages is not None:
-        if language.lower() not in spec.languages:
-            supported = ", ".join(sorted(spec.languages))
-            raise ProtocolError(
-                "unsupported_language", f"language {language[:50]!r} is not served; supported: {supported}"
-            )
-        language = language.lower()
-    else:
-        language = None
-    return Transcription(language, task or "transcribe", prompt or "", word_times, speakers)
+    if merged.language is None or spec.languages is None:
+        return replace(merged, language=None)
+    if merged.language.lower() not in spec.languages:
+        supported = ", ".join(sorted(spec.languages))
+        raise ProtocolError(
+            "unsupported_language", f"language {merged.language[:50]!r} is not served; supported: {supported}"
+        )
+    return replace(merged, language=merged.language.lower())

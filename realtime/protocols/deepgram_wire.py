@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from realtime.protocols.common import MAX_CODE_CHARS, MAX_NAME_CHARS, MAX_PROMPT_CHARS, ProtocolError
+from realtime.protocols.common import MAX_CODE_CHARS, MAX_KEYTERMS, MAX_NAME_CHARS, ProtocolError, asked
 from voxtral.audio import Encoding
-from voxtral.runner import TimedWord
+from voxtral.runner import ModelSpec, TimedWord, Transcription
 from voxtral.vad import VadConfig
 
 ENCODINGS: dict[str, Encoding] = {"linear16": "pcm16", "mulaw": "mulaw", "alaw": "alaw"}
@@ -42,7 +42,7 @@ class ListenOptions:
     utterance_end_ms: int | None = None
     vad_events: bool = False
     diarize: bool = False
-    prompt: str = ""  # `keyterm` and `keywords`, as the words said before
+    keyterms: tuple[str, ...] = ()  # `keyterm` and `keywords` (their boosts dropped)
     tags: tuple[str, ...] = ()
     # voxrt's extension, named as Deepgram's Flux names its own: an endpointing pause ends the
     # turn where the turn model hears it complete with this probability, else after the timeout.
@@ -58,6 +58,17 @@ class ListenOptions:
             return VadConfig(silence_ms=silence)
         return VadConfig(
             silence_ms=silence, complete_at=self.eot_threshold, max_silence_ms=self.eot_timeout_ms
+        )
+
+    def transcription(self, spec: ModelSpec) -> Transcription:
+        """What the session asks of the served model (words always come timed, where it times
+        them: Deepgram's results carry them), or the error naming what it supports."""
+        return asked(
+            spec,
+            language=self.language,
+            word_times=spec.word_times,
+            speakers=self.diarize,
+            keyterms=self.keyterms,
         )
 
 
@@ -128,7 +139,7 @@ def listen_options(query: Mapping[str, str], all_values: Mapping[str, list[str]]
         utterance_end_ms=utterance_end,
         vad_events=_flag(query, "vad_events"),
         diarize=_flag(query, "diarize") or "diarize_model" in query,
-        prompt=", ".join(t.strip() for t in terms if t.strip())[:MAX_PROMPT_CHARS],
+        keyterms=tuple(t[:MAX_NAME_CHARS] for t in terms[:MAX_KEYTERMS]),
         tags=tuple(t[:MAX_NAME_CHARS] for t in all_values.get("tag", [])),
         eot_threshold=eot_threshold,
         eot_timeout_ms=eot_timeout or EOT_TIMEOUT_MS,

@@ -18,8 +18,8 @@ from realtime.protocols.common import (
     MAX_NAME_CHARS,
     MAX_PROMPT_CHARS,
     ProtocolError,
+    asked,
 )
-from realtime.protocols.common import transcription as asked_transcription
 from realtime.protocols.openai_wire import logprobs
 from voxtral.runner import ModelSpec, TimedWord, Transcription
 
@@ -65,11 +65,11 @@ def _flag(form: FormData, name: str) -> bool:
     return value == "true"
 
 
-def _list(form: FormData, name: str) -> list[str]:
+def _list(form: FormData, name: str, limit: int = MAX_CODE_CHARS) -> list[str]:
     """A repeated field, as the openai SDK sends it (`include[]`), or named plainly."""
     values = form.getlist(f"{name}[]") + form.getlist(name)
-    if any(not isinstance(v, str) or len(v) > MAX_CODE_CHARS for v in values):
-        raise ProtocolError("invalid_value", f"{name}[]: short text fields")
+    if any(not isinstance(v, str) or len(v) > limit for v in values):
+        raise ProtocolError("invalid_value", f"{name}[]: text fields of at most {limit} characters")
     return values
 
 
@@ -107,13 +107,14 @@ def parse(form: FormData, task: str, spec: ModelSpec) -> FileRequest:
     if stream and speakers:
         raise ProtocolError("invalid_value", "stream: not with speakers (diarized_json, diarize)")
     timed = spec.word_times and (words or wants_logprobs or response_format in ("srt", "vtt", "verbose_json"))
-    transcription = asked_transcription(
+    transcription = asked(
         spec,
-        _field(form, "language", MAX_CODE_CHARS) or None,
-        task,
-        _field(form, "prompt", MAX_PROMPT_CHARS),
-        timed or wants_logprobs or words,
-        speakers,
+        language=_field(form, "language", MAX_CODE_CHARS) or None,
+        task=task,
+        prompt=_field(form, "prompt", MAX_PROMPT_CHARS),
+        word_times=timed or wants_logprobs or words,
+        speakers=speakers,
+        keyterms=_list(form, "keyterms", MAX_NAME_CHARS),
     )
     return FileRequest(file, model, transcription, response_format, stream, wants_logprobs, words)
 

@@ -28,7 +28,7 @@ from realtime.engine.events import (
     SpeechStopped,
     TurnEnded,
 )
-from realtime.protocols.common import ProtocolError, check_model, transcription
+from realtime.protocols.common import ProtocolError, asked, check_model
 from realtime.protocols.openai_wire import (
     Append,
     BetaUpdate,
@@ -49,7 +49,7 @@ from realtime.protocols.openai_wire import (
 )
 from realtime.protocols.port import SessionPort
 from voxtral.audio import SAMPLE_RATE, decode
-from voxtral.runner import TimedWord
+from voxtral.runner import TimedWord, Transcription
 
 # The transcription model name that asks for speakers: served as the served model, diarized.
 DIARIZE_MODEL = "gpt-4o-transcribe-diarize"
@@ -89,6 +89,7 @@ class OpenAISession:
         self.connection = connection
         self.session_id = new_id("sess")
         self.settings = TranscriptionSettings()  # model, language, prompt as the client set them
+        self.transcription = Transcription()  # what the settings ask of the engine
         self.vad: ServerVad | SemanticVad | None = ServerVad()
         self.format = InputFormat()
         self.resampler: soxr.ResampleStream | None = self._resampler()
@@ -144,10 +145,16 @@ class OpenAISession:
                 )
             self.format = update.format
             self.resampler = self._resampler()
-        diarize = update.model == DIARIZE_MODEL
-        if update.language is not None or update.logprobs or diarize:  # checked before any setting changes
-            transcription(self.connection.spec, update.language, None, None, bool(update.logprobs), diarize)
-        for name in ("model", "language", "prompt", "logprobs"):
+        self.transcription = asked(
+            self.connection.spec,
+            self.transcription,
+            language=update.language,
+            prompt=update.prompt,
+            word_times=update.logprobs,
+            speakers=None if update.model is None else update.model == DIARIZE_MODEL,
+            keyterms=update.keyterms,
+        )
+        for name in ("model", "language", "prompt", "logprobs", "keyterms"):
             if (value := getattr(update, name)) is not None:
                 setattr(self.settings, name, value)
         if update.set_turn_detection:
@@ -165,13 +172,8 @@ class OpenAISession:
             samples = self.resampler.resample_chunk(samples)
         if self.utterance is None:
             vad = self.vad and self.vad.vad_config()
-            settings = self.settings
-            logprobs, diarize = bool(settings.logprobs), settings.model == DIARIZE_MODEL
-            asked = transcription(
-                self.connection.spec, settings.language, None, settings.prompt, logprobs, diarize
-            )
-            self.utterance = self.connection.start_utterance(vad or None, asked)
-            self.turns[self.utterance] = Turns(self._clock_ms(), speakers=diarize)
+            self.utterance = self.connection.start_utterance(vad or None, self.transcription)
+            self.turns[self.utterance] = Turns(self._clock_ms(), speakers=self.transcription.speakers)
             self._new_item(self._clock_ms())
         self._buffer(samples)
 

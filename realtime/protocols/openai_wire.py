@@ -11,7 +11,7 @@ from typing import Annotated, ClassVar, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from realtime.protocols.common import Base64, Code, Name, Prompt, WireObject, parse_event
+from realtime.protocols.common import Base64, Code, Keyterms, Name, Prompt, WireObject, parse_event
 from voxtral.audio import Encoding
 from voxtral.g711 import RATE as G711_RATE
 from voxtral.runner import TimedWord
@@ -92,6 +92,7 @@ class InputTranscription(WireObject):
     model: Name | None = None
     language: Code | None = None
     prompt: Prompt | None = None
+    keyterms: Keyterms | None = None  # voxrt's extension: words to expect (names, terms)
 
 
 class AudioInput(WireObject):
@@ -115,6 +116,7 @@ class TranscriptionSettings:
     turn_detection: TurnDetection | None = None
     set_turn_detection: bool = False  # the update names turn_detection (null turns it off)
     logprobs: bool | None = None  # `include` names LOGPROBS: deltas and completed carry them
+    keyterms: list[str] | None = None
 
 
 class Session(WireObject):
@@ -161,6 +163,7 @@ def _settings(
         turn_detection=turns.turn_detection,
         set_turn_detection="turn_detection" in turns.model_fields_set,
         logprobs=None if include is None else bool(include),
+        keyterms=transcription.keyterms,
     )
 
 
@@ -232,6 +235,9 @@ def session_object(
     turn_detection = None
     if vad is not None:
         turn_detection = vad.model_dump()
+    transcription = {"model": model, "language": settings.language, "prompt": settings.prompt}
+    if settings.keyterms is not None:
+        transcription["keyterms"] = settings.keyterms
     return {
         "type": "transcription",
         "object": "realtime.transcription_session",
@@ -239,7 +245,7 @@ def session_object(
         "audio": {
             "input": {
                 "format": audio_format.wire(),
-                "transcription": {"model": model, "language": settings.language, "prompt": settings.prompt},
+                "transcription": transcription,
                 "turn_detection": turn_detection,
                 "noise_reduction": None,
             }

@@ -6,14 +6,15 @@ import time
 from realtime.engine.events import Delta, Done, EngineEvent, Failed, Interim, LanguageDetected
 from realtime.protocols.common import (
     Code,
+    Keyterms,
     Name,
     Pcm16,
     Prompt,
     ProtocolError,
     WireObject,
+    asked,
     check_model,
     parse_event,
-    transcription,
 )
 from realtime.protocols.port import SessionPort
 from voxtral.runner import TimedWord, Transcription
@@ -27,6 +28,7 @@ class SessionUpdate(WireObject):
     prompt: Prompt | None = None  # text said before: names, terms, spelling
     word_timestamps: bool | None = None  # voxrt's extension: deltas and done carry their words, timed
     diarize: bool | None = None  # voxrt's extension: their words, timed, each with its speaker
+    keyterms: Keyterms | None = None  # voxrt's extension: words to expect (names, terms)
 
 
 class AudioAppend(WireObject):
@@ -141,17 +143,16 @@ class VllmSession:
         check_model(self.connection.model, event.model, self.connection.log)
         if event.interim is not None:
             self.interim = event.interim
-        asked = (event.language, event.task, event.prompt, event.word_timestamps, event.diarize)
-        if any(value is not None for value in asked):
-            before = self.transcription
-            language = event.language if event.language is not None else before.language
-            prompt = event.prompt if event.prompt is not None else before.prompt
-            word_times = before.word_times if event.word_timestamps is None else event.word_timestamps
-            speakers = before.speakers if event.diarize is None else event.diarize
-            task = event.task or before.task
-            self.transcription = transcription(
-                self.connection.spec, language, task, prompt, word_times, speakers
-            )
+        self.transcription = asked(
+            self.connection.spec,
+            self.transcription,
+            language=event.language,
+            task=event.task or None,
+            prompt=event.prompt,
+            word_times=event.word_timestamps,
+            speakers=event.diarize,
+            keyterms=event.keyterms,
+        )
 
     def _running(self) -> str:
         if self.utterance is None:

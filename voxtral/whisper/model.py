@@ -106,12 +106,15 @@ class WhisperModel:
             return [*before, self.sot]
         return [*before, self.sot, self.language_ids[language or "en"], self.task_ids[task]]
 
-    def previous_text(self, text: str) -> list[int]:
-        """`text` as a prompt's tokens: its last ones, so that the prompt, the start of the
-        transcript and a window's text fit the decoder's context (OpenAI's bound, half of it)."""
-        if not text.strip():
+    def previous_text(self, text: str, keyterms: tuple[str, ...] = ()) -> list[int]:
+        """`text`, then the `keyterms` listed, as a prompt's tokens: its last ones, so that the
+        prompt, the start of the transcript and a window's text fit the decoder's context
+        (OpenAI's bound, half of it). The terms come last, where a long prompt keeps them."""
+        terms = ", ".join(keyterms) + "." if keyterms else ""
+        text = " ".join(part for part in (text.strip(), terms) if part)
+        if not text:
             return []
-        ids = self.tokenizer.encode(" " + text.strip(), add_special_tokens=False).ids
+        ids = self.tokenizer.encode(" " + text, add_special_tokens=False).ids
         return ids[-(self.max_target_positions // 2 - 1) :]
 
     @torch.inference_mode()

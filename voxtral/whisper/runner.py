@@ -105,7 +105,7 @@ class WhisperRunner:
         language = transcription.language if self.model.multilingual else "en"
         agree = self.policy.commit_policy == "local-agreement"
         committer = WindowCommitter(agree=agree, spaced=is_spaced(language))
-        previous = self.model.previous_text(transcription.prompt)
+        previous = self.model.previous_text(transcription.prompt, transcription.keyterms)
         return WhisperStream(
             committer,
             language=language,
