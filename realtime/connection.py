@@ -240,7 +240,7 @@ class Connection:
         if not self.outbox.put(text):
             self.count_error("slow_consumer", "client is not reading events")
             self.metrics.closes.labels(reason="slow_consumer").inc()
-            self.log.warning("connection.slow_consumer", outbox=self.outbox.queue.qsize())
+            self.log.warning("connection.slow_consumer", events_unsent=self.outbox.events)
             self.end(1008, "slow_consumer: client is not reading events")
 
     def send_error(self, code: str, message: str) -> None:

@@ -13,6 +13,7 @@ class Outbox:
     def __init__(self, websocket: WebSocket, events: int, failed: Callable[[], None]) -> None:
         """`failed`: called once an event could not go out (the connection ends with a reason)."""
         self.websocket, self.failed = websocket, failed
+        self.events = events  # the most it holds unsent
         self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=events)
         self.sender: asyncio.Task | None = None
 

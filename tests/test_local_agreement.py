@@ -171,7 +171,11 @@ def test_a_long_open_segment_leaves_the_window_by_its_committed_words():
     agreement = WindowCommitter(window_words=SAID.split()[:10], pending=SAID.split()[10:12])
     asked = []
     commit = agreement.update(
-        hyp((0, None, SAID)), False, False, trim_before=4.2, word_spans=lambda: asked.append(1) or SPANS
+        hyp((0, None, SAID)),
+        False,
+        False,
+        trim_before=4.2,
+        long_window_spans=lambda: asked.append(1) or SPANS,
     )
     assert commit.text == "Sunday if"  # agreed with the pending words, as before
     # Words 0-8 start by 4.2 s: the window keeps "there" (word 8) on, cut between "go" (ends
@@ -189,17 +193,19 @@ def test_committed_words_leave_only_where_no_segment_can_and_never_the_last_one(
         False,
         False,
         trim_before=3.0,
-        word_spans=lambda: pytest.fail("a segment could leave: no alignment is asked"),
+        long_window_spans=lambda: pytest.fail("a segment could leave: no alignment is asked"),
     )
     assert commit.trim_seconds == 2.0 and commit.consumed_words == 2
     # One committed word: it stays, the first word the next decode is forced.
     alone = WindowCommitter(window_words=["so"])
     spans = SPANS[:2]
-    commit = alone.update(hyp((0, None, " so I")), False, False, trim_before=9.0, word_spans=lambda: spans)
+    said = hyp((0, None, " so I"))
+    commit = alone.update(said, False, False, trim_before=9.0, long_window_spans=lambda: spans)
     assert commit.trim_seconds == 0 and alone.window_words == ["so"]
     # Words the alignment counts otherwise are not placed: nothing leaves.
     other = WindowCommitter(window_words=SAID.split()[:10])
-    commit = other.update(hyp((0, None, SAID)), False, False, trim_before=4.2, word_spans=lambda: SPANS[:5])
+    five = SPANS[:5]
+    commit = other.update(hyp((0, None, SAID)), False, False, trim_before=4.2, long_window_spans=lambda: five)
     assert commit.trim_seconds == 0 and other.window_words == SAID.split()[:10]
 
 
@@ -211,7 +217,7 @@ def test_a_long_window_that_hears_none_of_its_new_words_twice_leaves_by_its_clos
     said = hyp(
         (0, 1.0, " I didn't know he was there."), (1.0, 2.0, " This is Diane."), (2.0, None, " And I'm")
     )
-    long_window = dict(trim_before=9.0, heard_words=1, word_spans=lambda: SPANS[:9])
+    long_window = dict(trim_before=9.0, heard_words=1, long_window_spans=lambda: SPANS[:9])
 
     deaf = WindowCommitter(window_words=["I"])
     assert deaf.update(said, False, False, **long_window).text == ""

@@ -218,7 +218,7 @@ class WindowCommitter:
         window_seconds: float = float("inf"),
         heard_words: int | None = None,
         settled_words: int = 0,
-        word_spans: Callable[[], list[tuple[float, float]]] | None = None,
+        long_window_spans: Callable[[], list[tuple[float, float]]] | None = None,
     ) -> WindowCommit:
         """`hyp` None means no speech in the window; `commit_all` that a turn or the input ended:
         everything heard is committed (and stays in the window as context for what follows);
@@ -226,7 +226,7 @@ class WindowCommitter:
         `trim_before` that committed segments ending before it (seconds) may leave the window;
         `heard_words` how many of the hypothesis's words were heard early enough to commit
         (None: all); `settled_words` how many were heard so early that they need no agreement;
-        `word_spans` where each of the hypothesis's words was spoken (seconds), given only for a
+        `long_window_spans` where each of the hypothesis's words was spoken (seconds), given only for a
         long window and asked only when no segment can leave it: its committed words leave
         instead. A long window whose decodes heard none of their new words `DEAF_DECODES` times
         in a row is trimmed as a too-long one: nothing it says would ever be heard."""
@@ -241,7 +241,7 @@ class WindowCommitter:
         first = len(words) - len(tail)
         agreed = len(tail) if commit_all else self._agreed(tail)
         self.deaf_decodes = self.deaf_decodes + 1 if tail and not _leading(tail, lambda w: w.heard) else 0
-        if word_spans is not None and self.deaf_decodes >= DEAF_DECODES:
+        if long_window_spans is not None and self.deaf_decodes >= DEAF_DECODES:
             force_trim, self.deaf_decodes = True, 0
         clear = False
         if force_trim and not commit_all:
@@ -262,8 +262,8 @@ class WindowCommitter:
             self.window_words, self.pending, self.trimmed = [], [], []
             return WindowCommit(joiner.join(texts), texts, first, end_seconds, clear=True, interim=interim)
         trim, consumed = self._trim(said, force_trim, trim_before)
-        if not trim and math.isfinite(trim_before) and word_spans is not None:
-            trim, consumed = self._trim_words(word_spans(), len(words), trim_before)
+        if not trim and math.isfinite(trim_before) and long_window_spans is not None:
+            trim, consumed = self._trim_words(long_window_spans(), len(words), trim_before)
         return WindowCommit(
             joiner.join(texts),
             texts,
