@@ -24,12 +24,12 @@ from realtime.protocols import file_api
 from realtime.protocols.common import ProtocolError, check_model
 from realtime.protocols.file_api import FileRequest, Transcript
 from realtime.protocols.language_names import LANGUAGE_NAMES
+from scheduler import RequestKind
 from voxtral.audio import SAMPLE_RATE
 
 log = structlog.get_logger("voxrt.uploads")
 
 AHEAD_SECONDS = 30.0  # an upload's audio handed to the engine and not yet consumed
-UPLOAD_PRIORITY = 1  # after live speech (`Request.priority`)
 # How fast a form must arrive once its first seconds are past: far slower than a real client's
 # link, fast enough that a client trickling bytes cannot hold its connection open for long.
 MIN_BODY_BYTES_PER_SECOND = 8 << 10
@@ -176,7 +176,7 @@ class Uploads:
         job = Job(f"upload-{self.num_uploads}-{time.monotonic_ns()}")
         self.routes[job.utterance_id] = job
         self.engine.add_utterance(
-            job.utterance_id, transcription=asked.transcription, priority=UPLOAD_PRIORITY
+            job.utterance_id, transcription=asked.transcription, kind=RequestKind.UPLOAD
         )
         log.info("upload.start", utterance=job.utterance_id, seconds=round(recording.seconds, 3))
         return job

@@ -1,10 +1,19 @@
 """An utterance's timeline: its audio items, how far it is computed, and its output tokens."""
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from scheduler.items import AudioItem, append_item, get_items_in_window
 
 PLACEHOLDER = -1
+
+
+class RequestKind(IntEnum):
+    """What an utterance is, in the order the scheduler serves them (vLLM's priority: lower
+    first): live speech, then uploads, which may wait."""
+
+    LIVE = 0
+    UPLOAD = 1
 
 
 @dataclass
@@ -29,8 +38,7 @@ class Request:
     """
 
     request_id: str
-    # Lower goes first (vLLM's convention): 0 for live speech, more for work that may wait (uploads).
-    priority: int = 0
+    kind: RequestKind = RequestKind.LIVE
     items: list[AudioItem] = field(default_factory=list)
     num_items_dropped: int = 0
     num_computed: int = 0

@@ -69,7 +69,7 @@ class SchedulerConfig:
 
 class Scheduler:
     """Round-robin over running utterances under a position budget and an encoder budget,
-    by priority first: an upload's positions come after every live utterance's.
+    by kind first: an upload's positions come after every live utterance's.
 
     Per request only the items overlapping its positions `[start, end)` are touched
     (two bisects), so a step costs the same at item 10 and item 32,768.
@@ -153,7 +153,7 @@ class Scheduler:
         encoder_left = self.config.max_encoder_rows_per_step
         first_blocked: int | None = None
         rotation = [(self._cursor + k) % len(running) for k in range(len(running))]
-        for index in sorted(rotation, key=lambda i: running[i].priority):
+        for index in sorted(rotation, key=lambda i: running[i].kind):
             request = running[index]
             if not request.wants_step:
                 continue

@@ -17,6 +17,7 @@ from benchmarks.text import char_error_rate, normalize_words, word_error_rate
 from realtime.config import ServerConfig
 from realtime.engine.events import Delta, Done, LanguageDetected
 from realtime.engine.loop import Engine
+from scheduler import RequestKind
 from tests.conftest import espeak
 from tests.engine_events import listen
 from tests.server_harness import ServerThread, events_until, expect_error, stream
@@ -149,7 +150,7 @@ def test_a_clip_uploaded_is_decoded_as_generate_decodes_it(base_runner, tmp_path
     samples = samples[: len(samples) // 160 * 160]
     engine = Engine(base_runner)
     events = listen(engine)
-    engine.add_utterance("clip", transcription=Transcription(language), priority=1)
+    engine.add_utterance("clip", transcription=Transcription(language), kind=RequestKind.UPLOAD)
     engine.add_audio("clip", samples)
     engine.finish_input("clip")
     while not any(isinstance(e, Done) for e in events["clip"]):

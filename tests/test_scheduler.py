@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler import AudioItem, PlaceholderRange, Request, Scheduler, SchedulerConfig
+from scheduler import AudioItem, PlaceholderRange, Request, RequestKind, Scheduler, SchedulerConfig
 
 configs = st.builds(
     SchedulerConfig,
@@ -56,7 +56,7 @@ def test_uploads_get_only_the_positions_live_speech_leaves(config, steps):
     """Priority 1 (uploads) after 0 (live): an upload gets a position in a step only once every
     live request got all it could take."""
     scheduler = Scheduler(config)
-    requests = [Request(f"s{i}", priority=int(i >= 3)) for i in range(6)]
+    requests = [Request(f"s{i}", RequestKind(int(i >= 3))) for i in range(6)]
     for request in requests:
         scheduler.add_request(request)
     for arrival in steps:
@@ -65,10 +65,10 @@ def test_uploads_get_only_the_positions_live_speech_leaves(config, steps):
         wanted = {
             r.request_id: min(r.num_pending, config.max_positions_per_request)
             for r in requests
-            if not r.priority
+            if r.kind is RequestKind.LIVE
         }
         got = {s.request.request_id: s.num_positions for s in scheduler.schedule().scheduled}
-        if any(got.get(r.request_id) for r in requests if r.priority):
+        if any(got.get(r.request_id) for r in requests if r.kind is RequestKind.UPLOAD):
             assert all(got.get(rid, 0) == n for rid, n in wanted.items()), (wanted, got)
 
 

@@ -22,6 +22,7 @@ from realtime.engine.loop import Engine
 from realtime.limits import ConnectionLimits
 from realtime.server import RealtimeServer
 from realtime.sockets import uvicorn_server
+from scheduler import RequestKind
 from tests.conftest import espeak
 from tests.server_harness import (
     WELCOME_SECONDS,
@@ -492,7 +493,7 @@ def test_a_commit_during_a_drain_starts_no_utterance(whisper_model, welcome, mon
 
     def submit_after_the_answer(out, states):
         left = harness.engine.utterances.values()
-        if harness.server.draining and left and all(u.request.priority for u in left):
+        if harness.server.draining and left and all(u.request.kind is RequestKind.UPLOAD for u in left):
             answered.wait()
         return submit(out, states)
 

@@ -11,6 +11,7 @@ from benchmarks.real_speech import recording
 from benchmarks.text import word_error_rate
 from realtime.engine.events import Done
 from realtime.engine.loop import Engine
+from scheduler import RequestKind
 from tests.engine_events import listen
 
 CHUNK = 1600  # 100 ms, as a live client sends
@@ -55,17 +56,17 @@ def test_an_upload_decodes_beside_live_speech_a_window_at_a_time(whisper_runner,
 
     engine = Engine(whisper_runner)
     events = listen(engine)
-    decodes: list[tuple[str, list[int]]] = []  # (thread, priorities) of each lane's batch
+    decodes: list[tuple[str, list[RequestKind]]] = []  # (thread, kinds) of each lane's batch
     at_once, most_at_once, lock = 0, 0, threading.Lock()
     decode_lane = whisper_runner.decoder.decode_lane
 
     def recorded(windows):
         nonlocal at_once, most_at_once
-        uploads = sum(1 for w in windows if w.request.priority)
+        uploads = sum(1 for w in windows if w.request.kind is RequestKind.UPLOAD)
         with lock:
             at_once += uploads
             most_at_once = max(most_at_once, at_once)
-        decodes.append((threading.current_thread().name, [w.request.priority for w in windows]))
+        decodes.append((threading.current_thread().name, [w.request.kind for w in windows]))
         try:
             return decode_lane(windows)
         finally:
@@ -73,7 +74,7 @@ def test_an_upload_decodes_beside_live_speech_a_window_at_a_time(whisper_runner,
                 at_once -= uploads
 
     monkeypatch.setattr(whisper_runner.decoder, "decode_lane", recorded)
-    engine.add_utterance("upload", priority=1)
+    engine.add_utterance("upload", kind=RequestKind.UPLOAD)
     engine.add_utterance("live")
     # The upload a second at a time, as the server hands it over, with the live speech's
     # 100 ms chunks between.
@@ -94,7 +95,8 @@ def test_an_upload_decodes_beside_live_speech_a_window_at_a_time(whisper_runner,
 
     assert word_error_rate(text, done_text(events["live"])) <= 0.1
     assert done_text(events["upload"]) == done_text(alone_events["upload"])
-    upload_decodes = [(thread, p) for thread, p in decodes if 1 in p]
-    assert upload_decodes and any(0 in p for _, p in decodes)
-    assert all(thread.startswith("voxrt-upload") and p == [1] for thread, p in upload_decodes)
+    upload_decodes = [(thread, kinds) for thread, kinds in decodes if RequestKind.UPLOAD in kinds]
+    assert upload_decodes and any(RequestKind.LIVE in kinds for _, kinds in decodes)
+    on_the_upload_lane = [thread.startswith("voxrt-upload") for thread, _ in upload_decodes]
+    assert all(on_the_upload_lane) and all(kinds == [RequestKind.UPLOAD] for _, kinds in upload_decodes)
     assert most_at_once == 1

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler import RequestKind
 from voxtral.runner import Transcription
 from voxtral.vad import VadConfig
 
@@ -13,7 +14,7 @@ class AddUtterance:
     utterance_id: str
     vad: VadConfig | None  # None: the listener asked for no turns
     transcription: Transcription
-    priority: int = 0  # `Request.priority`
+    kind: RequestKind = RequestKind.LIVE
 
 
 @dataclass

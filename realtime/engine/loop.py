@@ -24,7 +24,7 @@ from realtime.engine.events import EngineEvent, Failed
 from realtime.engine.ingest import Ingest
 from realtime.engine.stats import EngineStats
 from realtime.engine.utterance import Utterances
-from scheduler import Scheduler, SchedulerOutput
+from scheduler import RequestKind, Scheduler, SchedulerOutput
 from voxtral.runner import ModelRunner, StepResult, Transcription
 from voxtral.speaker_encoder import SpeakerEncoder
 from voxtral.turn_model import TurnModel
@@ -88,13 +88,13 @@ class Engine:
         utterance_id: str,
         vad: VadConfig | None = None,
         transcription: Transcription = Transcription(),
-        priority: int = 0,
+        kind: RequestKind = RequestKind.LIVE,
     ) -> None:
         """Its turn detection (None: the listener wants no turns; the VAD still runs with the
         engine's settings where the family decodes by turns or speakers are asked), language and
-        task (default: the model's choice), and its priority (`Request.priority`: 0 for live
-        speech)."""
-        self._commands.put(AddUtterance(utterance_id, vad, transcription, priority))
+        task (default: the model's choice), and its kind (live speech, or an upload that may
+        wait)."""
+        self._commands.put(AddUtterance(utterance_id, vad, transcription, kind))
 
     def add_audio(self, utterance_id: str, samples: np.ndarray, arrived_at: float | None = None) -> None:
         """`arrived_at`: when the audio reached the server (default: now)."""
@@ -271,11 +271,9 @@ class Engine:
         self.model_seconds += result.model_seconds
         outputs = [(rid, output) for rid, outs in result.outputs.items() for output in outs]
         # Capacity is what live speech costs: uploads decode on a lane of their own beside it.
-        windows = [
-            output.window_seconds
-            for rid, output in outputs
-            if output.num_tokens and (u := self.utterances.get(rid)) is not None and not u.request.priority
-        ]
+        kinds = {rid: u.request.kind for rid, _ in outputs if (u := self.utterances.get(rid)) is not None}
+        live = RequestKind.LIVE
+        windows = [o.window_seconds for rid, o in outputs if o.num_tokens and kinds.get(rid) is live]
         self.capacity.record(time.monotonic(), result.model_seconds, windows)
         if result.model_seconds > self.config.capacity.max_lag_seconds / 2:
             # One such step takes every session halfway to the lag that refuses newcomers: what

@@ -68,7 +68,7 @@ class Utterances(dict[str, Utterance]):
                 Failed("invalid_event", f"utterance {command.utterance_id!r} already exists"),
             )
             return
-        request = Request(command.utterance_id, command.priority)
+        request = Request(command.utterance_id, command.kind)
         asked = command.transcription
         try:
             state = self.runner.new_state(request, asked)

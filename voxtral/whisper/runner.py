@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from scheduler import Request, RequestUpdate, SchedulerConfig, SchedulerOutput
+from scheduler import Request, RequestKind, RequestUpdate, SchedulerConfig, SchedulerOutput
 from voxtral.audio import HOP, SAMPLE_RATE, raw_log_mel
 from voxtral.runner import ModelSpec, StepResult, Transcription, UtteranceOutput, run_now
 from voxtral.whisper.commit import commit_window, leave_silence
@@ -55,7 +55,7 @@ class WhisperRunner:
         self.model = model
         self.policy = policy or served_policy(model)
         self.decoder = WindowDecoder(model, self.policy, lanes)
-        # Uploads (`Request.priority` > 0) decode on a thread of their own, a window at a time,
+        # Uploads (`RequestKind.UPLOAD`) decode on a thread of their own, a window at a time,
         # beside the steps of live speech: request id -> the window and its decode.
         self.upload_lane = ThreadPoolExecutor(1, thread_name_prefix="voxrt-upload")
         self.uploading: dict[str, UploadDecode] = {}
@@ -158,11 +158,11 @@ class WhisperRunner:
         # What this step decides about each request's window, handed back as its output.
         updates = {rid: RequestUpdate(request.retain_from, None) for rid, (request, *_) in step.items()}
         for request, state, end, final in step.values():
-            if request.priority:
+            if request.kind is RequestKind.UPLOAD:
                 self._upload_step(request, state, end, final, updates[request.request_id], result)
         # The longest due first; a turn that ended before any (it is never left for a later step).
         due = sorted(
-            (d for d in step.values() if not d[0].priority),
+            (d for d in step.values() if d[0].kind is RequestKind.LIVE),
             key=lambda d: d[1].due_since(self.policy, d[0], d[2]),
         )
         # Windows planned this step. A turn that ended is always planned, and takes room as a
@@ -268,7 +268,7 @@ class WhisperRunner:
         output.window_seconds = window.raw.shape[1] / POSITIONS_PER_SECOND
         # What a turn going on said may stand for the decode of its end (`WhisperStream.heard_through`);
         # an upload's end is decoded as a file is.
-        kept = not window.commit_all and hyp is not None and not window.request.priority
+        kept = not window.commit_all and hyp is not None and window.request.kind is RequestKind.LIVE
         window.state.last_decode = replace(window, hypothesis=hyp) if kept else None
         if output.text or output.finished or output.num_tokens or output.turn_ended:
             result.add(request_id, output)
