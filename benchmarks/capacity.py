@@ -24,7 +24,7 @@ import numpy as np
 from benchmarks.client_process import ClientProcess, Refused
 from benchmarks.real_speech import REFERENCES, recording
 from clients.audio import distinct_audio
-from clients.connection import Utterance
+from clients.connection import StreamedUtterance
 from realtime.cli import build_server, serve_parser
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
@@ -68,7 +68,7 @@ async def arrivals(
     stats = server.engine.stats()
     await server.drain_and_stop()
     paired = zip(results, audios, strict=True)
-    admitted = [(a, audio) for a, audio in paired if isinstance(a.result, Utterance)]
+    admitted = [(a, audio) for a, audio in paired if isinstance(a.result, StreamedUtterance)]
     finals = [a.result.done_at - len(audio) / SAMPLE_RATE for a, audio in admitted if a.result.done]
     shed = [a for a, _ in admitted if any(e.get("code") == "server_overloaded" for e in a.result.errors)]
     refusals = {(r.status, r.code, r.retry_after) for a in results for r in a.refusals}

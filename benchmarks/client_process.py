@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from websockets.exceptions import InvalidStatus
 
-from clients.connection import Utterance, open_connection, stream_utterance
+from clients.connection import StreamedUtterance, open_connection, stream_utterance
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Refused:
 class Arrival:
     """One client's session: its utterance, or the refusal that ended its tries."""
 
-    result: Utterance | Refused
+    result: StreamedUtterance | Refused
     refusals: list[Refused]  # the 503s it was answered before it was admitted (or gave up)
 
 

@@ -41,7 +41,7 @@ from benchmarks.real_speech import real_passages
 from benchmarks.speech import Passage, passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer
 from benchmarks.whisper_streaming import offline_texts, percentile, snapshots, stable_since, word_latencies
-from clients.connection import Utterance
+from clients.connection import StreamedUtterance
 from tests.server_harness import ServerProcess
 from voxtral.audio import SAMPLE_RATE
 
@@ -91,18 +91,20 @@ def neighbour(seconds: float) -> list[subprocess.Popen]:
     return [subprocess.Popen(["python3", "-c", burn]) for _ in range(os.cpu_count() or 1)]
 
 
-def event_times(utterance: Utterance) -> list[float]:
+def event_times(utterance: StreamedUtterance) -> list[float]:
     """When its events came, in seconds since its start, up to `done`."""
     times = sorted([t for t, _ in utterance.deltas] + [t for t, _ in utterance.interims])
     return times + ([utterance.done_at] if utterance.done_at is not None else [])
 
 
-def longest_silence(utterance: Utterance) -> float:
+def longest_silence(utterance: StreamedUtterance) -> float:
     """The longest time between events, from the first to `done`."""
     return max((b - a for a, b in itertools.pairwise(event_times(utterance))), default=0.0)
 
 
-def caught_up(p: Passage, utterance: Utterance, shown_at: list[tuple[float, str]], at: float) -> float | None:
+def caught_up(
+    p: Passage, utterance: StreamedUtterance, shown_at: list[tuple[float, str]], at: float
+) -> float | None:
     """Seconds from `at` (`time.monotonic()`, any process's) until every word of `p` spoken by
     then was shown to stay in `shown_at` (0 if all were by `at`); None if the utterance was done
     by then. Words spoken later are not waited for: a turn starting just after `at` has its first

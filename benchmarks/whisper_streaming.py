@@ -42,7 +42,7 @@ from benchmarks.real_speech import real_passages
 from benchmarks.reference import transformers_whisper
 from benchmarks.speech import Passage, passage
 from benchmarks.text import mean_wer, normalize_words, whisper_wer, word_error_rate
-from clients.connection import Utterance
+from clients.connection import StreamedUtterance
 from realtime.config import ServedModel, ServerConfig
 from realtime.engine.capacity import CapacityConfig
 from realtime.engine.config import EngineConfig
@@ -166,7 +166,7 @@ async def run_voxrt(
     runs = []
     for p, arrival in zip(passages, results, strict=True):
         result = arrival.result
-        assert isinstance(result, Utterance), result  # every session is admitted
+        assert isinstance(result, StreamedUtterance), result  # every session is admitted
         committed, shown = snapshots(result.deltas, result.interims)
         runs.append(
             {

@@ -27,7 +27,7 @@ class ServerError(Exception):
 
 
 @dataclass
-class Utterance:
+class StreamedUtterance:
     """What the server said about one streamed utterance."""
 
     text: str = ""
@@ -149,7 +149,7 @@ async def stream_utterance(
     language: str | None = None,
     word_timestamps: bool = False,
     speakers: bool = False,
-) -> Utterance:
+) -> StreamedUtterance:
     """Stream `samples` paced at `speed` x real time (0: as fast as possible), then wait for done.
 
     Paced like a microphone: a chunk is sent once it has been captured, so time 0 (the
@@ -157,7 +157,7 @@ async def stream_utterance(
     `language` (for a multilingual model; None: it detects), `word_timestamps` and `speakers`
     (each word's speaker) are asked for first.
     """
-    result = Utterance()
+    result = StreamedUtterance()
     started = result.started_at
 
     async def send_all() -> None:

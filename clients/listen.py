@@ -11,7 +11,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 from websockets.exceptions import InvalidStatus
 
 from clients.audio import SAMPLE_RATE
-from clients.connection import RETRY_SECONDS, Utterance, connect_retrying
+from clients.connection import RETRY_SECONDS, StreamedUtterance, connect_retrying
 
 LISTEN_PATH = "/v1/listen"
 
@@ -59,12 +59,12 @@ async def listen(
     speakers: bool = False,
     retry_seconds: float = RETRY_SECONDS,
     on_refused: Callable[[InvalidStatus], None] | None = None,
-) -> Utterance:
+) -> StreamedUtterance:
     """Stream `data` (audio in `encoding` at `sample_rate`) at `speed` x real time (0:
     unpaced), close the stream, and collect its results until `Metadata`: `done` is that
     message. A busy server's 503 is retried as `connect_retrying` does."""
     headers = {"Authorization": f"Token {api_key}"} if api_key else None
-    result = Utterance()
+    result = StreamedUtterance()
     width = BYTES_PER_SAMPLE[encoding]
     per_second = sample_rate * width
     url = listen_url(url, encoding, sample_rate, interim, language, speakers)

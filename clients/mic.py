@@ -138,7 +138,7 @@ async def _source(chunks: Awaitable[None], queue: asyncio.Queue, stop: asyncio.E
 
 
 @dataclass
-class Transcript:
+class MicTranscript:
     """What a mic session said, across the utterances it took (a draining server ends one)."""
 
     texts: list[str] = field(default_factory=list)
@@ -161,7 +161,7 @@ async def _utterance(
     queue: asyncio.Queue,
     display: Display,
     language: str | None,
-    transcript: Transcript,
+    transcript: MicTranscript,
     word_timestamps: bool,
     speakers: bool,
 ) -> tuple[int, str | None]:
@@ -210,7 +210,7 @@ async def _run(args: argparse.Namespace, sd, samples: np.ndarray | None) -> int:
     else:
         chunks = _mic_source(sd, args.device, queue, stop)
     source = asyncio.create_task(_source(chunks, queue, stop))
-    connection, status, transcript = None, EXIT_OK, Transcript()
+    connection, status, transcript = None, EXIT_OK, MicTranscript()
     try:
         # One utterance until Ctrl-C; a server that drains ends it (1001), and the words
         # spoken meanwhile wait in the queue for the next server the balancer picks.

@@ -10,7 +10,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketExce
 
 from captions import FORMATS, render
 from clients.audio import SAMPLE_RATE, UnreadableAudio, float32_to_pcm16, load_audio_file
-from clients.connection import RETRY_SECONDS, ServerError, Utterance, reopened, stream_utterance
+from clients.connection import RETRY_SECONDS, ServerError, StreamedUtterance, reopened, stream_utterance
 from clients.listen import listen
 
 EXIT_OK, EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION = 0, 1, 2, 3
@@ -104,7 +104,7 @@ def _shower(args: argparse.Namespace, quiet: bool) -> Callable[[dict], None]:
     return show
 
 
-async def _listened(args: argparse.Namespace, samples, speed: float, quiet: bool) -> Utterance | int:
+async def _listened(args: argparse.Namespace, samples, speed: float, quiet: bool) -> StreamedUtterance | int:
     """One recording on Deepgram's wire (its own connection), or the exit status saying why not."""
     try:
         return await listen(
@@ -177,7 +177,7 @@ async def _stream(args: argparse.Namespace, audios: list) -> int:
     return status
 
 
-def _finish(args: argparse.Namespace, quiet: bool, result: Utterance, document: str) -> int:
+def _finish(args: argparse.Namespace, quiet: bool, result: StreamedUtterance, document: str) -> int:
     """The transcript written where asked and the server's errors told: the exit status."""
     if args.output is not None:
         try:

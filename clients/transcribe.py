@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class ServerError(Exception):
+class UploadRefused(Exception):
     """The server refused the file: its status and OpenAI error."""
 
 
@@ -77,7 +77,7 @@ def _post(url: str, path: Path, fields: dict[str, str], api_key: str | None):
                 message = f"{exc.code} {_described(json.loads(exc.read())['error'])}"
             except (ValueError, KeyError, TypeError):
                 message = f"{exc.code} {exc.reason}"
-            raise ServerError(message) from None
+            raise UploadRefused(message) from None
     raise AssertionError("unreachable")
 
 
@@ -92,7 +92,7 @@ def _streamed_text(response) -> Iterator[str]:
         if line.startswith(b"data: "):
             event = json.loads(line[6:])
             if "error" in event:
-                raise ServerError(_described(event["error"]))
+                raise UploadRefused(_described(event["error"]))
             if event.get("type") == "transcript.text.delta":
                 yield event["delta"]
 
@@ -163,7 +163,7 @@ def run_files(url: str, args: argparse.Namespace) -> int:
                     _transcribe_to(Path(args.output_dir) / f"{path.stem}.{ext}", url, path, args)
                 else:
                     transcribe(url, path, args, sys.stdout)
-            except ServerError as exc:
+            except UploadRefused as exc:
                 print(f"voxrt transcribe: {path}: {exc}", file=sys.stderr)
                 status = EXIT_SERVER_ERROR
             bar.update(round(soundfile.info(str(path)).duration))

@@ -22,7 +22,7 @@ from realtime.metrics import Metrics
 from realtime.progress import EngineProgress
 from realtime.protocols import file_api
 from realtime.protocols.common import ProtocolError, check_model
-from realtime.protocols.file_api import FileRequest, Transcript
+from realtime.protocols.file_api import FileRequest, UploadTranscript
 from realtime.protocols.language_names import LANGUAGE_NAMES
 from scheduler import RequestKind
 from voxtral.audio import SAMPLE_RATE
@@ -120,7 +120,7 @@ class Uploads:
         try:
             transcript = None
             async for event in self._run(asked, job, recording):
-                if isinstance(event, Transcript):
+                if isinstance(event, UploadTranscript):
                     transcript = event
         finally:
             self._end(job)
@@ -199,7 +199,7 @@ class Uploads:
     async def _stream(self, asked: FileRequest, job: Job, recording: Recording) -> AsyncIterator[str]:
         try:
             async for event in self._run(asked, job, recording):
-                if isinstance(event, Transcript):
+                if isinstance(event, UploadTranscript):
                     yield file_api.done_event(event, asked.logprobs)
                 else:
                     yield file_api.delta_event(event.text, event.words if asked.logprobs else None)
@@ -213,7 +213,7 @@ class Uploads:
 
     async def _run(
         self, asked: FileRequest, job: Job, recording: Recording
-    ) -> AsyncIterator[Delta | Transcript]:
+    ) -> AsyncIterator[Delta | UploadTranscript]:
         """The upload's deltas, then its transcript; its audio is fed meanwhile."""
         feeder = asyncio.create_task(self._feed(job, recording))
         # Named, or a one-language model's, or what the model detects (`LanguageDetected`).
@@ -233,7 +233,7 @@ class Uploads:
                 elif isinstance(event, Done):
                     # Timed where the request asked for word times or speakers (`Utterance`).
                     name = LANGUAGE_NAMES.get(language, language)
-                    yield Transcript(event.text, event.words, event.audio_seconds, name)
+                    yield UploadTranscript(event.text, event.words, event.audio_seconds, name)
                     return
         finally:
             feeder.cancel()

@@ -14,7 +14,7 @@ from websockets.exceptions import InvalidStatus
 from benchmarks.capacity import KEPT_UP_SECONDS, sessions_audio
 from benchmarks.client_process import Arrival, Refused
 from clients.audio import distinct_audio
-from clients.connection import Utterance, open_connection, stream_utterance
+from clients.connection import StreamedUtterance, open_connection, stream_utterance
 from realtime.config import ServerConfig
 from realtime.engine.capacity import CapacityConfig
 from realtime.engine.config import EngineConfig
@@ -72,7 +72,7 @@ def test_twelve_arrivals_half_a_second_apart_are_seated_or_told_to_retry_and_non
     lags = []
     for arrival, audio in zip(arrivals, audios, strict=True):
         result = arrival.result
-        assert isinstance(result, Utterance), result  # seated within its tries
+        assert isinstance(result, StreamedUtterance), result  # seated within its tries
         assert result.done is not None and not result.errors, result.errors
         lags.append(result.done_at - len(audio) / 16000)
         for refusal in arrival.refusals:
@@ -166,11 +166,11 @@ def test_sessions_behind_after_a_stall_they_recover_from_are_not_shed(whisper_mo
     gate, _ = hold_steps(harness.engine, monkeypatch)
     gate.set()
 
-    async def session(i: int) -> Utterance:
+    async def session(i: int) -> StreamedUtterance:
         async with await open_connection(harness.url) as connection:
             return await stream_utterance(connection, distinct_audio(samples, i), 100, 1.0)
 
-    async def scenario() -> list[Utterance]:
+    async def scenario() -> list[StreamedUtterance]:
         sessions = [asyncio.create_task(session(i)) for i in range(2)]
         # Both mid-speech: the engine has consumed audio of each (a session that ended
         # first fails the test with how it ended).

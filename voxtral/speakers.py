@@ -45,7 +45,7 @@ def cosine(unit: np.ndarray, centroid: np.ndarray) -> float:
 
 
 @dataclass
-class Segment:
+class SpeechSegment:
     """Speech between pauses, in samples of the utterance's audio."""
 
     start: int
@@ -69,11 +69,11 @@ class SpeakerStream:
     audio_from: int = 0  # the sample `audio` starts at
     frames_heard: int = 0
     quiet_frames: int = 0  # in a row, ending the current segment at `PAUSE_FRAMES`
-    segments: deque[Segment] = field(default_factory=deque)  # those that words may still need
+    segments: deque[SpeechSegment] = field(default_factory=deque)  # those that words may still need
     # Per speaker, the sum of its segments' embeddings; an empty one (its only segment joined
     # another speaker) keeps its label unused.
     centroids: list[np.ndarray] = field(default_factory=list)
-    unsure: list[Segment] = field(default_factory=list)  # in a row, near no speaker yet
+    unsure: list[SpeechSegment] = field(default_factory=list)  # in a row, near no speaker yet
     typical: list[float] = field(default_factory=list)  # per speaker: its segments' cosine, a running mean
 
     @property
@@ -86,7 +86,7 @@ class SpeakerStream:
         drop = max(0, self.heard - CLIP_SAMPLES - PAUSE_FRAMES * FRAME - self.audio_from)
         self.audio, self.audio_from = self.audio[drop:], self.audio_from + drop
 
-    def hear(self, probabilities: np.ndarray) -> list[tuple[Segment, np.ndarray]]:
+    def hear(self, probabilities: np.ndarray) -> list[tuple[SpeechSegment, np.ndarray]]:
         """The VAD's speech probability of each next frame: segments start, grow and end.
         Returns the clips now due, each with its segment, for `SpeakerEncoder.embed`."""
         due = []
@@ -96,7 +96,7 @@ class SpeakerStream:
             if current is None:
                 if prob >= self.vad.threshold:
                     start = self.heard - FRAME
-                    self.segments.append(Segment(start, embedded_to=start))
+                    self.segments.append(SpeechSegment(start, embedded_to=start))
                     self.quiet_frames = 0
             elif prob >= self.vad.threshold - 0.15:
                 self.quiet_frames = 0
@@ -114,12 +114,12 @@ class SpeakerStream:
         self._forget(self.heard - KEEP_SAMPLES)
         return due
 
-    def _clip(self, segment: Segment, end: int) -> tuple[Segment, np.ndarray]:
+    def _clip(self, segment: SpeechSegment, end: int) -> tuple[SpeechSegment, np.ndarray]:
         segment.embedded_to = end
         start = max(segment.start, end - CLIP_SAMPLES, self.audio_from)
         return segment, self.audio[start - self.audio_from : end - self.audio_from]
 
-    def embedded(self, segment: Segment, embedding: np.ndarray) -> None:
+    def embedded(self, segment: SpeechSegment, embedding: np.ndarray) -> None:
         """A clip's embedding, and its segment's speaker decided again on all its clips so far.
 
         A segment near a speaker (`SAME_SPEAKER`) is that speaker's, and counts in its
@@ -182,7 +182,7 @@ class SpeakerStream:
         self.centroids.append(np.zeros(EMBEDDING, np.float32))
         return len(self.centroids) - 1
 
-    def _count(self, segment: Segment, speaker: int) -> None:
+    def _count(self, segment: SpeechSegment, speaker: int) -> None:
         """`segment` is `speaker`'s, and its centroid holds it; a speaker whose centroid is
         now as near another's as one voice's are is that other speaker (the first heard)."""
         if segment.counted:

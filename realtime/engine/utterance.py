@@ -18,7 +18,7 @@ from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
 from voxtral.runner import ModelRunner, UtteranceOutput, run_rows
 from voxtral.speaker_encoder import SpeakerEncoder
-from voxtral.speakers import Segment, SpeakerStream
+from voxtral.speakers import SpeakerStream, SpeechSegment
 from voxtral.turn_model import TurnModel
 from voxtral.vad import Turn, Vad, VadConfig, VadStream
 
@@ -130,7 +130,7 @@ class Utterances(dict[str, Utterance]):
             if u.vad is not None and (u.vad.whole_frames() or (u.request.input_finished and u.vad.speaking))
         ]
         heard = run_rows(vad.probabilities, [u.vad for u in live])
-        clips: list[tuple[Utterance, Segment, np.ndarray]] = []
+        clips: list[tuple[Utterance, SpeechSegment, np.ndarray]] = []
         turns: dict[str, list[Turn]] = {}
         for utterance, probabilities in zip(live, heard, strict=True):
             with self.walled(utterance):

@@ -120,7 +120,7 @@ def parse(form: FormData, task: str, spec: ModelSpec) -> FileRequest:
 
 
 @dataclass
-class Transcript:
+class UploadTranscript:
     """What the engine made of an upload."""
 
     text: str
@@ -150,7 +150,7 @@ def _speaker_segments(words: list[TimedWord]) -> list[dict]:
     ]
 
 
-def _segments(transcript: Transcript) -> list[dict]:
+def _segments(transcript: UploadTranscript) -> list[dict]:
     """Whisper-style segments: a sentence (or a turn) each, from the words' times; the whole
     transcript as one segment when the model times no words."""
     if transcript.words is None:
@@ -182,11 +182,11 @@ def _segments(transcript: Transcript) -> list[dict]:
     return segments
 
 
-def usage(transcript: Transcript) -> dict:
+def usage(transcript: UploadTranscript) -> dict:
     return {"type": "duration", "seconds": math.ceil(transcript.seconds)}
 
 
-def render(request: FileRequest, task: str, transcript: Transcript) -> str:
+def render(request: FileRequest, task: str, transcript: UploadTranscript) -> str:
     """The transcript as the request's `response_format`."""
     fmt = request.response_format
     if fmt == "text" and request.transcription.speakers:  # a line per turn, its speaker named
@@ -230,7 +230,7 @@ def delta_event(text: str, words: list[TimedWord] | None) -> str:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
-def done_event(transcript: Transcript, with_logprobs: bool) -> str:
+def done_event(transcript: UploadTranscript, with_logprobs: bool) -> str:
     event: dict = {"type": "transcript.text.done", "text": transcript.text}
     if with_logprobs and transcript.words is not None:
         event["logprobs"] = logprobs(transcript.words)

@@ -73,7 +73,7 @@ class Item:
 
 
 @dataclass
-class Turns:
+class UtteranceItems:
     """An engine utterance of the session, until done or failed: one item per turn."""
 
     start_ms: int  # where its audio begins, on the session's clock
@@ -96,7 +96,7 @@ class OpenAISession:
         self.utterance: str | None = None  # the one receiving audio; its last item is the input buffer
         self.buffered_samples = 0  # in the input buffer, at 16 kHz
         self.session_samples = 0  # all audio of the session, at 16 kHz: the clock of audio_*_ms
-        self.turns: dict[str, Turns] = {}  # per utterance
+        self.turns: dict[str, UtteranceItems] = {}  # per utterance
         self.previous_item: str | None = None
 
     def _resampler(self) -> soxr.ResampleStream | None:
@@ -173,7 +173,8 @@ class OpenAISession:
         if self.utterance is None:
             vad = self.vad and self.vad.vad_config()
             self.utterance = self.connection.start_utterance(vad or None, self.transcription)
-            self.turns[self.utterance] = Turns(self._clock_ms(), speakers=self.transcription.speakers)
+            speakers = self.transcription.speakers
+            self.turns[self.utterance] = UtteranceItems(self._clock_ms(), speakers=speakers)
             self._new_item(self._clock_ms())
         self._buffer(samples)
 
@@ -273,7 +274,7 @@ class OpenAISession:
             self._forget(utterance)
             self.connection.send(error(event.code, event.message, server=True))
 
-    def _complete(self, turns: Turns, item: Item) -> None:
+    def _complete(self, turns: UtteranceItems, item: Item) -> None:
         if item.cleared:
             return
         end_ms = self._clock_ms() if item.end_ms is None else item.end_ms
@@ -288,7 +289,7 @@ class OpenAISession:
         )
         self.connection.send(dump("conversation.item.done", item=item_object(item.id, transcript)))
 
-    def _segment(self, turns: Turns, item: Item) -> None:
+    def _segment(self, turns: UtteranceItems, item: Item) -> None:
         """The item's run of one speaker's words, as OpenAI's diarized segment: its times in
         seconds on the session's audio."""
         run, item.run = item.run, []
