@@ -4,6 +4,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Generic
 
 import numpy as np
 import structlog
@@ -16,7 +17,7 @@ from realtime.engine.output import OutputProcessor
 from scheduler import Request, Scheduler
 from voxtral.audio import SAMPLE_RATE
 from voxtral.errors import NoFreeSlot
-from voxtral.runner import ModelRunner, UtteranceOutput, run_rows
+from voxtral.runner import ModelRunner, State, UtteranceOutput, run_rows
 from voxtral.speaker_encoder import SpeakerEncoder
 from voxtral.speakers import SpeakerStream, SpeechSegment
 from voxtral.turn_model import TurnModel
@@ -26,12 +27,12 @@ log = structlog.get_logger(__name__)
 
 
 @dataclass
-class Utterance:
+class Utterance(Generic[State]):
     """One engine request. The engine thread owns every field; `state` is the family's
     (`WhisperStream`, `VoxtralStream`), whose docstring says what its device worker owns."""
 
     request: Request  # the timeline (the scheduler writes it): items, positions, output token ids
-    state: object
+    state: State  # the runner's (`ModelRunner[State].new_state`)
     vad: VadStream | None  # None: nothing reads its turns, so its audio skips the VAD's network
     output: OutputProcessor
     buffer: IngestBuffer = field(default_factory=IngestBuffer)
@@ -43,11 +44,13 @@ class Utterance:
         return self.request.request_id
 
 
-class Utterances(dict[str, Utterance]):
+class Utterances(dict[str, Utterance[State]], Generic[State]):
     """The live utterances by id: their start, their audio, their end; and the events for
     their listeners since the engine last published them (`outbox`)."""
 
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler, ingest: Ingest, config: EngineConfig):
+    def __init__(
+        self, runner: ModelRunner[State], scheduler: Scheduler, ingest: Ingest, config: EngineConfig
+    ) -> None:
         super().__init__()
         self.runner, self.scheduler, self.ingest, self.config = runner, scheduler, ingest, config
         self.outbox: list[tuple[str, EngineEvent]] = []
