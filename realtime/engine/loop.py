@@ -271,9 +271,15 @@ class Engine:
         self.model_seconds += result.model_seconds
         outputs = [(rid, output) for rid, outs in result.outputs.items() for output in outs]
         # Capacity is what live speech costs: uploads decode on a lane of their own beside it.
-        kinds = {rid: u.request.kind for rid, _ in outputs if (u := self.utterances.get(rid)) is not None}
-        live = RequestKind.LIVE
-        windows = [o.window_seconds for rid, o in outputs if o.num_tokens and kinds.get(rid) is live]
+        windows = [
+            output.window_seconds
+            for rid, output in outputs
+            if (
+                output.num_tokens
+                and (u := self.utterances.get(rid)) is not None
+                and u.request.kind is RequestKind.LIVE
+            )
+        ]
         self.capacity.record(time.monotonic(), result.model_seconds, windows)
         if result.model_seconds > self.config.capacity.max_lag_seconds / 2:
             # One such step takes every session halfway to the lag that refuses newcomers: what
