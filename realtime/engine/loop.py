@@ -110,8 +110,10 @@ class Engine:
         return self.snapshot
 
     def run_once(self) -> None:
-        """Apply queued commands and run one step, on the caller's thread (tests, benchmarks)."""
-        self._apply_commands(None)
+        """One turn of the engine thread's loop on the caller's thread (tests, benchmarks): the
+        queued commands, then a step. After a step that did nothing it waits a moment for a
+        command, as the thread does: a caller looping on it leaves the GIL to an upload's decode."""
+        self._apply_commands(IDLE_SECONDS if self._idle else None)
         self.step()
 
     def _run(self) -> None:
