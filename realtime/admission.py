@@ -70,7 +70,7 @@ class Admission:
 
     async def _check(self) -> None:
         now, stats = time.monotonic(), self.engine.stats()
-        lags = [c.lag_seconds(stats.consumed_samples, now) for c in self.connections]
+        lags = [c.lag_seconds(now) for c in self.connections]
         for lag in lags:
             self.metrics.lag_seconds.observe(lag)
         self.lag_seconds = max(lags, default=0.0)

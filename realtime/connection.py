@@ -7,7 +7,6 @@ into calls here and engine events into server events; this class owns what both 
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import structlog
@@ -16,6 +15,7 @@ from starlette.websockets import WebSocket
 from realtime.config import ServedModel
 from realtime.engine.events import Delta, Done, EngineEvent, Failed
 from realtime.engine.loop import Engine
+from realtime.handles import Handles, UtteranceHandle
 from realtime.limits import ConnectionLimits, EventRate
 from realtime.metrics import Metrics
 from realtime.outbox import Outbox
@@ -34,16 +34,6 @@ RECV_WAITED_SECONDS = 0.01  # a read that took this long found no event already 
 CLOSE_SECONDS = 2.0  # how long a close waits for the queued events and the peer's close frame
 
 
-@dataclass
-class LiveUtterance:
-    """What the connection keeps of one of its utterances in the engine, until done or failed."""
-
-    finishing: bool = False  # input ended, result owed: the client may wait silently
-    sent_samples: int = 0  # audio handed to the engine
-    audio_started_at: float | None = None  # when its first audio came
-    delta_sent: bool = False  # its first delta went out
-
-
 class Connection:
     """What one client can hold is bounded: server events go through a bounded outbox (a
     client that stops reading is closed with `slow_consumer`); audio the engine has not
@@ -57,19 +47,19 @@ class Connection:
         metrics: Metrics,
         limits: ConnectionLimits,
         model: ServedModel,
-        routes: dict[str, "Connection"],
+        handles: Handles,
         progress: EngineProgress,
         connection_id: str,
     ) -> None:
-        """`routes`: the server's table of which connection each utterance's events go to;
-        `progress`: woken as the engine consumes audio."""
+        """`handles`: the server's table of utterances and where their events go; `progress`:
+        woken as the engine consumes audio."""
         self.websocket, self.engine, self.metrics, self.limits = websocket, engine, metrics, limits
-        self.model, self.routes, self.progress = model, routes, progress
+        self.model, self.handles, self.progress = model, handles, progress
         self.connection_id = connection_id
         self.log = structlog.get_logger("voxrt.connection").bind(connection_id=connection_id)
         self.outbox = Outbox(websocket, limits.outbox_events, self._send_failed)
         self.wire: WireSession | None = None
-        self.utterances: dict[str, LiveUtterance] = {}  # started, not yet done or failed
+        self.utterances: dict[str, UtteranceHandle] = {}  # started, not yet done or failed
         self.draining = False  # the server ended every input: audio still coming is not the client's fault
         self.read_all_at = time.monotonic()  # when a read last found nothing waiting in TCP
         self.rate = EventRate(limits.max_events_per_second)
@@ -220,19 +210,11 @@ class Connection:
                     wait.cancel()  # a read left waiting is taken by the next (`MessageReader.read`)
 
     def _unconsumed_samples(self) -> int:
-        consumed = self.engine.stats().consumed_samples
-        return sum(u.sent_samples - consumed.get(uid, 0) for uid, u in self.utterances.items())
+        return sum(u.unconsumed_samples() for u in self.utterances.values())
 
-    def lag_seconds(self, consumed: dict[str, int], now: float) -> float:
-        """How far its furthest utterance is behind real time: the audio a real-time sender
-        would have sent by now (or less, if it sent less) that the model has not computed.
-        A client sending faster than real time is behind only once its audio's time has come."""
-        lags = [
-            min(u.sent_samples / SAMPLE_RATE, now - u.audio_started_at) - consumed.get(uid, 0) / SAMPLE_RATE
-            for uid, u in self.utterances.items()
-            if u.audio_started_at is not None
-        ]
-        return max([0.0, *lags])
+    def lag_seconds(self, now: float) -> float:
+        """How far its furthest utterance is behind real time (`UtteranceHandle.lag_seconds`)."""
+        return max([0.0, *(u.lag_seconds(now) for u in self.utterances.values())])
 
     def send(self, text: str) -> None:
         if self.closing is not None:
@@ -265,29 +247,18 @@ class Connection:
             )
         self.num_utterances += 1
         utterance = f"{self.connection_id}-{self.num_utterances}"
-        self.utterances[utterance] = LiveUtterance()
-        self.routes[utterance] = self
+        self.utterances[utterance] = self.handles.open(utterance, self, vad, transcription)
         self.idle.clear()
         self.metrics.utterances_total.inc()
         self.metrics.utterances_active.inc()
-        self.engine.add_utterance(utterance, vad, transcription)
         return utterance
 
     def add_audio(self, utterance: str, samples: np.ndarray) -> None:
         """Audio of a live utterance (of one aborted meanwhile, as a close began, it goes nowhere)."""
         if not len(samples) or (live := self.utterances.get(utterance)) is None:
             return
-        now = time.monotonic()
-        if live.audio_started_at is None:
-            live.audio_started_at = now
-        live.sent_samples += len(samples)
-        seconds = len(samples) / SAMPLE_RATE
-        self.audio_seconds += seconds
-        self.metrics.audio_seconds.inc(seconds)
-        # Audio read behind a backlog (reads paused by backpressure) waited in TCP: it came
-        # when a real-time sender would have sent it, and not before the reads last caught up.
-        arrived_at = max(self.read_all_at, min(now, live.audio_started_at + live.sent_samples / SAMPLE_RATE))
-        self.engine.add_audio(utterance, samples, arrived_at)
+        live.add_audio(samples, caught_up_at=self.read_all_at)
+        self.audio_seconds += len(samples) / SAMPLE_RATE
 
     def consumed_seconds(self, utterance: str) -> float:
         return self.engine.stats().consumed_samples.get(utterance, 0) / SAMPLE_RATE
@@ -297,8 +268,7 @@ class Connection:
 
     def finish(self, utterance: str) -> None:
         if (live := self.utterances.get(utterance)) is not None:
-            live.finishing = True
-            self.engine.finish_input(utterance)
+            live.finish()
 
     def finish_all(self) -> None:
         """The server drains: every utterance's input ends here."""
@@ -312,7 +282,6 @@ class Connection:
 
     def abort(self, utterance: str) -> None:
         if utterance in self.utterances:
-            self.engine.abort(utterance)
             self._ended(utterance)
             self.progress.wake()  # a wait for the engine to consume its audio is over
 
@@ -332,9 +301,9 @@ class Connection:
         self.wire.on_event(utterance, event)
 
     def _ended(self, utterance: str) -> None:
-        if self.utterances.pop(utterance, None) is None:
+        if (live := self.utterances.pop(utterance, None)) is None:
             return
-        self.routes.pop(utterance, None)
+        live.close()
         self.metrics.utterances_active.dec()
         if not self.utterances:
             self.idle.set()

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
-from typing import Protocol
 
 import structlog
 from starlette.applications import Starlette
@@ -37,6 +36,7 @@ from realtime.door import (
 )
 from realtime.engine.events import EngineEvent
 from realtime.engine.loop import Engine
+from realtime.handles import Handles
 from realtime.health import READY_PATH, answers_ok, health
 from realtime.metrics import Metrics
 from realtime.progress import EngineProgress
@@ -60,12 +60,6 @@ ROUTES_SERVED = (
 )
 
 
-class Listener(Protocol):
-    """Where an utterance's engine events go: a WebSocket connection, or an upload."""
-
-    def on_engine_event(self, utterance_id: str, event: EngineEvent) -> None: ...
-
-
 class RealtimeServer:
     def __init__(self, engine: Engine, config: ServerConfig, model: ServedModel) -> None:
         if config.api_key is not None and not config.api_key.strip():
@@ -77,12 +71,12 @@ class RealtimeServer:
         engine.on_step = lambda seconds, _: self.metrics.step_seconds.observe(seconds)
         self.model = model
         self.connections: set[Connection] = set()
-        self.routes: dict[str, Listener] = {}  # utterance id -> the connection or upload it is for
+        self.handles = Handles(engine, self.metrics)  # the utterances of connections and uploads
         self.progress = EngineProgress()
         self.admission = Admission(engine, self.metrics, self.connections)
         self.door = Door(config, engine, self.admission, self.metrics)
         self.uploads = Uploads(
-            engine, self.metrics, model, self.routes, self.progress, config.max_uploads, RETRY_AFTER_SECONDS
+            engine, self.metrics, model, self.handles, self.progress, config.max_uploads, RETRY_AFTER_SECONDS
         )
         self.draining = False
         self.uvicorn: QuietUvicorn | None = None
@@ -156,14 +150,7 @@ class RealtimeServer:
     def _route(self, events: list[tuple[str, EngineEvent]]) -> None:
         """A step's events to the connections whose utterances they are (none: ended meanwhile);
         then what waits for the engine to consume audio looks again."""
-        for utterance_id, event in events:
-            if (connection := self.routes.get(utterance_id)) is not None:
-                try:
-                    connection.on_engine_event(utterance_id, event)
-                except Exception:
-                    log.exception(
-                        "server.event_failed", utterance=utterance_id, engine_event=type(event).__name__
-                    )
+        self.handles.route(events)
         self.progress.wake()
 
     async def _realtime(self, websocket: WebSocket) -> None:
@@ -212,7 +199,7 @@ class RealtimeServer:
             self.metrics,
             self.config.limits,
             self.model,
-            self.routes,
+            self.handles,
             self.progress,
             connection_id,
         )

@@ -18,6 +18,7 @@ from realtime.audio_file import AudioFileError, Recording
 from realtime.config import ServedModel
 from realtime.engine.events import Delta, Done, EngineEvent, Failed, LanguageDetected
 from realtime.engine.loop import Engine
+from realtime.handles import Handles, UtteranceHandle
 from realtime.metrics import Metrics
 from realtime.progress import EngineProgress
 from realtime.protocols import file_api
@@ -46,11 +47,10 @@ class UploadRefused(Exception):
 
 @dataclass
 class Job:
-    """One upload's utterance: where the server routes its engine events, and where its feed
-    puts a block that does not decode."""
+    """One upload's utterance: its engine events, and a block of its audio that does not decode."""
 
-    utterance_id: str
     events: asyncio.Queue[EngineEvent | AudioFileError] = field(default_factory=asyncio.Queue)
+    handle: UtteranceHandle | None = None  # once in the engine
 
     def on_engine_event(self, utterance_id: str, event: EngineEvent) -> None:
         self.events.put_nowait(event)
@@ -64,13 +64,13 @@ class Uploads:
         engine: Engine,
         metrics: Metrics,
         model: ServedModel,
-        routes: dict,
+        handles: Handles,
         progress: EngineProgress,
         max_uploads: int,
         retry_after_seconds: int,
     ) -> None:
-        """`routes`: the server's table of where each utterance's events go."""
-        self.engine, self.metrics, self.model, self.routes = engine, metrics, model, routes
+        """`handles`: the server's table of utterances and where their events go."""
+        self.engine, self.metrics, self.model, self.handles = engine, metrics, model, handles
         self.progress = progress
         self.max_uploads = max_uploads
         self.retry_after_seconds = retry_after_seconds  # told to a client refused for now
@@ -173,12 +173,12 @@ class Uploads:
     def _start(self, asked: FileRequest, recording: Recording) -> Job:
         self.num_uploads += 1
         self.transcribing += 1
-        job = Job(f"upload-{self.num_uploads}-{time.monotonic_ns()}")
-        self.routes[job.utterance_id] = job
-        self.engine.add_utterance(
-            job.utterance_id, transcription=asked.transcription, kind=RequestKind.UPLOAD
+        job = Job()
+        utterance_id = f"upload-{self.num_uploads}-{time.monotonic_ns()}"
+        job.handle = self.handles.open(
+            utterance_id, job, transcription=asked.transcription, kind=RequestKind.UPLOAD
         )
-        log.info("upload.start", utterance=job.utterance_id, seconds=round(recording.seconds, 3))
+        log.info("upload.start", utterance=utterance_id, seconds=round(recording.seconds, 3))
         return job
 
     def _hold(self) -> None:
@@ -191,8 +191,7 @@ class Uploads:
             self.idle.set()
 
     def _end(self, job: Job) -> None:
-        if self.routes.pop(job.utterance_id, None) is not None:
-            self.engine.abort(job.utterance_id)  # nothing, if it is done; its rows, if the client left
+        job.handle.close()  # its rows leave the engine now, if the client left before its end
         self.transcribing -= 1
         self._release()
 
@@ -244,18 +243,16 @@ class Uploads:
         Blocks are decoded on a worker thread, and the recording is never closed here: a
         cancelled feed leaves its read running there, and libsndfile's handle goes with the
         object once that read returns."""
-        ahead, fed = round(AHEAD_SECONDS * SAMPLE_RATE), 0
+        ahead, handle = round(AHEAD_SECONDS * SAMPLE_RATE), job.handle
         try:
             while len(block := await asyncio.to_thread(recording.read)):
-                while fed - self.engine.stats().consumed_samples.get(job.utterance_id, 0) > ahead:
+                while handle.unconsumed_samples() > ahead:
                     await self.progress.wait()
-                self.engine.add_audio(job.utterance_id, block)
-                self.metrics.audio_seconds.inc(len(block) / SAMPLE_RATE)
-                fed += len(block)
+                handle.add_audio(block)
         except AudioFileError as exc:
             job.events.put_nowait(exc)  # `_run` raises it: this upload alone ends
             return
-        self.engine.finish_input(job.utterance_id)
+        handle.finish()
 
 
 def paced_receive(receive: Receive) -> Receive:

@@ -343,10 +343,10 @@ def test_keys_busy_and_a_client_gone_mid_stream(whisper_model, monkeypatch):
         with pytest.raises(openai.RateLimitError) as busy:
             client.audio.transcriptions.create(file=wav, model="whisper-1")
         assert busy.value.response.headers["Retry-After"]
-        assert len(harness.server.routes) == 1
+        assert len(harness.server.handles) == 1
         first.close()  # the client leaves mid-stream
         gate.set()
-        wait_until(lambda: harness.engine.stats().utterances == 0 and not harness.server.routes, 30)
+        wait_until(lambda: harness.engine.stats().utterances == 0 and not harness.server.handles, 30)
         assert client.audio.transcriptions.create(file=wav, model="whisper-1").text  # its seat is free
     finally:
         gate.set()
