@@ -80,8 +80,7 @@ class Door:
         self.metrics.errors.labels(code=code).inc()
         self.metrics.refusals.labels(reason=code).inc()
         log.info("server.refused", code=code, status=int(status))
-        busy = status == HTTPStatus.SERVICE_UNAVAILABLE
-        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if busy else None
+        headers = retry_after(status)
         if request.url.path == LISTEN_PATH:
             request_id = deepgram_wire.new_request_id()
             body = json.dumps(deepgram_wire.refusal_body(code, message, request_id))
@@ -98,6 +97,14 @@ class Door:
         peer = request.client.host if request.client else ""
         forwarded_for = request.headers.getlist("X-Forwarded-For")
         return client_address(peer, forwarded_for, self.config.trusted_proxies)
+
+
+def retry_after(status: HTTPStatus) -> dict[str, str] | None:
+    """The header that tells a client refused for now (busy, draining, too many at once) when to
+    try again; None for a refusal that waiting does not mend."""
+    if status in (HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.TOO_MANY_REQUESTS):
+        return {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    return None
 
 
 def authorized(headers: Headers, api_key: str | None) -> bool:

@@ -27,7 +27,6 @@ from realtime.connection import CLOSE_SECONDS, Connection
 from realtime.door import (
     BAD_KEY,
     LISTEN_PATH,
-    RETRY_AFTER_SECONDS,
     TOKEN_SUBPROTOCOL,
     Door,
     authorized,
@@ -75,9 +74,7 @@ class RealtimeServer:
         self.progress = EngineProgress()
         self.admission = Admission(engine, self.metrics, self.connections)
         self.door = Door(config, engine, self.admission, self.metrics)
-        self.uploads = Uploads(
-            engine, self.metrics, model, self.handles, self.progress, config.max_uploads, RETRY_AFTER_SECONDS
-        )
+        self.uploads = Uploads(engine, self.metrics, model, self.handles, self.progress, config.max_uploads)
         self.draining = False
         self.uvicorn: QuietUvicorn | None = None
         self.serving: asyncio.Task | None = None

@@ -16,6 +16,7 @@ from starlette.types import Message, Receive
 
 from realtime.audio_file import AudioFileError, Recording
 from realtime.config import ServedModel
+from realtime.door import retry_after
 from realtime.engine.events import Delta, Done, EngineEvent, Failed, LanguageDetected
 from realtime.engine.loop import Engine
 from realtime.handles import Handles, UtteranceHandle
@@ -67,13 +68,11 @@ class Uploads:
         handles: Handles,
         progress: EngineProgress,
         max_uploads: int,
-        retry_after_seconds: int,
     ) -> None:
         """`handles`: the server's table of utterances and where their events go."""
         self.engine, self.metrics, self.model, self.handles = engine, metrics, model, handles
         self.progress = progress
         self.max_uploads = max_uploads
-        self.retry_after_seconds = retry_after_seconds  # told to a client refused for now
         self.active = 0  # requests past the door, their forms being read or their audio transcribed
         self.transcribing = 0  # of those, the ones in the engine: what `max_uploads` bounds
         self.idle = asyncio.Event()  # no request active: a drain waits for it
@@ -95,9 +94,7 @@ class Uploads:
             status, message = HTTPStatus.BAD_REQUEST, str(exc)
         self.metrics.errors.labels(code=code).inc()
         log.info("upload.refused", code=code, status=int(status))
-        retry = status in (HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.TOO_MANY_REQUESTS)
-        headers = {"Retry-After": str(self.retry_after_seconds)} if retry else None
-        return file_api.error_response(status, code, message, headers)
+        return file_api.error_response(status, code, message, retry_after(status))
 
     async def _respond(self, request: Request, task: str, max_bytes: int) -> Response:
         """The transcript (or translation) of the request's upload, in the format it asked.

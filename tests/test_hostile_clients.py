@@ -214,6 +214,7 @@ def test_per_address_limit_counts_the_forwarded_client_only_behind_a_trusted_pro
                 open_as("203.0.113.7")
             assert refused.value.response.status_code == 429
             assert json.loads(refused.value.response.body)["code"] == "too_many_connections_from_address"
+            assert refused.value.response.headers["Retry-After"] == "5"  # its seats free as it leaves
             with open_as("198.51.100.9"), open_as(None), open_as(None):  # others are not limited by it
                 pass
         first.close()
