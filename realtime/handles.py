@@ -120,4 +120,4 @@ class Handles:
                 handle.listener.on_engine_event(utterance_id, event)
             except Exception:
                 event_name = type(event).__name__
-                log.exception("server.event_failed", utterance=utterance_id, engine_event=event_name)
+                log.exception("handles.event_failed", utterance=utterance_id, engine_event=event_name)
