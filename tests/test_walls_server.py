@@ -199,7 +199,7 @@ def test_the_admission_watcher_survives_a_check_that_raises_and_a_shed_whose_sen
         (connection,) = server.server.connections
         calls = {"n": 0}
 
-        def lag_raising_once(consumed, now):
+        def lag_raising_once(now):
             calls["n"] += 1
             if calls["n"] == 1:
                 raise RuntimeError("injected fault")
