@@ -32,7 +32,7 @@ from benchmarks.served import SESSION_SECONDS, cut
 from benchmarks.speech import passage, tiny_en_models
 from benchmarks.text import mean_wer, whisper_wer, word_error_rate
 from benchmarks.whisper_streaming import offline_texts
-from realtime.engine.events import Done, EngineEvent, Failed
+from realtime.engine.events import AudioConsumed, Done, EngineEvent, Failed
 from realtime.engine.loop import Engine
 from realtime.logs import configure_logging
 from voxtral.audio import SAMPLE_RATE
@@ -48,7 +48,9 @@ def streamed_events(
     each with the seconds of audio sent when its step ran; an utterance that fails raises."""
     events: list[tuple[float, EngineEvent]] = []
     sent = 0
-    engine.on_events = lambda batch: events.extend((sent / SAMPLE_RATE, event) for _, event in batch)
+    engine.on_events = lambda batch: events.extend(
+        (sent / SAMPLE_RATE, event) for _, event in batch if not isinstance(event, AudioConsumed)
+    )
     engine.add_utterance("u", transcription=transcription)
     for offset in range(0, len(audio), step_samples):
         engine.add_audio("u", audio[offset : offset + step_samples])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from realtime.engine.events import Done, Failed
+from realtime.engine.events import AudioConsumed, Done, Failed
 from realtime.engine.loop import Engine
 from tests.fixtures.tiny_voxtral import TinyVoxtralSpec, build_tiny_voxtral
 from tests.voxtral_harness import pcm16_grid, voxtral_engine, wait_for_release
@@ -60,7 +60,7 @@ def run_long_session(engine: Engine, num_items: int) -> LongSession:
     total = (num_items - padding_items) * spp
     seconds = pcm16_grid(np.random.default_rng(0).normal(0, 0.1, 10 * 16_000)).reshape(10, 16_000)
     events: list = []
-    engine.on_events = lambda batch: events.extend(event for _, event in batch)
+    engine.on_events = lambda batch: events.extend(e for _, e in batch if not isinstance(e, AudioConsumed))
     engine.add_utterance("long")
     engine.run_once()
     request = engine.scheduler.requests["long"]

@@ -261,7 +261,8 @@ class Connection:
         self.audio_seconds += len(samples) / SAMPLE_RATE
 
     def consumed_seconds(self, utterance: str) -> float:
-        return self.engine.stats().consumed_samples.get(utterance, 0) / SAMPLE_RATE
+        live = self.utterances.get(utterance)
+        return 0.0 if live is None else live.consumed_samples / SAMPLE_RATE
 
     def is_finishing(self, utterance: str | None) -> bool:
         return utterance in self.utterances and self.utterances[utterance].finishing

@@ -1,5 +1,6 @@
 """One utterance in the engine as the edge holds it, from its start to its end: where its
-events go, the audio handed over, and how far the engine has consumed it. A WebSocket
+events go, the audio handed over, and how far the engine has consumed it (as its
+`AudioConsumed` events say). A WebSocket
 connection and an upload each hold theirs through a handle; the server's table of handles
 routes the engine's events."""
 
@@ -10,7 +11,7 @@ from typing import Protocol
 import numpy as np
 import structlog
 
-from realtime.engine.events import Done, EngineEvent, Failed
+from realtime.engine.events import AudioConsumed, Done, EngineEvent, Failed
 from realtime.engine.loop import Engine
 from realtime.metrics import Metrics
 from scheduler import RequestKind
@@ -33,6 +34,7 @@ class UtteranceHandle:
     listener: Listener
     handles: "Handles"
     sent_samples: int = 0  # audio handed to the engine
+    consumed_samples: int = 0  # of it, what the engine has computed, as the last step published
     audio_started_at: float | None = None  # when its first audio came
     finishing: bool = False  # input ended, result owed: its client may wait silently
     ended: bool = False  # done or failed in the engine, or aborted here
@@ -56,13 +58,9 @@ class UtteranceHandle:
         self.handles.metrics.audio_seconds.inc(len(samples) / SAMPLE_RATE)
         self.handles.engine.add_audio(self.utterance_id, samples, arrived_at)
 
-    def consumed_samples(self) -> int:
-        """Its audio the engine has computed, as the last step published it."""
-        return self.handles.engine.stats().consumed_samples.get(self.utterance_id, 0)
-
     def unconsumed_samples(self) -> int:
         """Its audio handed over and not yet computed: what a sender is held back by."""
-        return self.sent_samples - self.consumed_samples()
+        return self.sent_samples - self.consumed_samples
 
     def lag_seconds(self, now: float) -> float:
         """How far it is behind real time: the audio a real-time sender would have sent by
@@ -71,7 +69,7 @@ class UtteranceHandle:
         if self.audio_started_at is None:
             return 0.0
         sent = min(self.sent_samples / SAMPLE_RATE, now - self.audio_started_at)
-        return sent - self.consumed_samples() / SAMPLE_RATE
+        return sent - self.consumed_samples / SAMPLE_RATE
 
     def finish(self) -> None:
         if not self.ended and not self.finishing:
@@ -108,11 +106,14 @@ class Handles:
         return handle
 
     def route(self, events: list[tuple[str, EngineEvent]]) -> None:
-        """A step's events to the listeners of their utterances (none: closed meanwhile). An
-        utterance done or failed has left the engine: its handle says so before its listener
-        hears it."""
+        """A step's events to the listeners of their utterances (none: closed meanwhile). The
+        audio consumed is the handle's to keep; an utterance done or failed has left the
+        engine: its handle says so before its listener hears it."""
         for utterance_id, event in events:
             if (handle := self.by_id.get(utterance_id)) is None:
+                continue
+            if isinstance(event, AudioConsumed):
+                handle.consumed_samples = event.samples
                 continue
             if isinstance(event, Done | Failed):
                 handle.ended = True

@@ -116,14 +116,13 @@ class Request:
             i -= 1
         return i
 
-    def resolve(self, sampled_ids: list[int]) -> int:
-        """Fill the oldest placeholders with tokens the device returned, in order; their index."""
+    def resolve(self, sampled_ids: list[int]) -> None:
+        """Fill the oldest placeholders with tokens the device returned, in order."""
         if len(sampled_ids) > self.num_placeholders:
             raise ValueError(f"{len(sampled_ids)} tokens for {self.num_placeholders} placeholders")
         start = self.first_placeholder_index()
         self.output_token_ids[start : start + len(sampled_ids)] = sampled_ids
         self.num_placeholders -= len(sampled_ids)
-        return start
 
     def drop_placeholders(self) -> None:
         """The request ended with steps in flight: their tokens will never be taken."""

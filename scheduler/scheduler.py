@@ -111,20 +111,15 @@ class Scheduler:
         request.add_item(last)
         request.input_finished = True
 
-    def update_from_output(
-        self, updates: dict[str, RequestUpdate], sampled: dict[str, list[int]]
-    ) -> dict[str, int]:
+    def update_from_output(self, updates: dict[str, RequestUpdate], sampled: dict[str, list[int]]) -> None:
         """A completed step's decisions and sampled ids, by request id (one that ended meanwhile
-        is gone): the ids fill each request's oldest placeholders; returns where they start in
-        its output."""
+        is gone): the ids fill each request's oldest placeholders."""
         for request_id, update in updates.items():
             if (request := self.requests.get(request_id)) is not None:
                 request.retain_from, request.waiting_from = update.retain_from, update.waiting_from
-        return {
-            request_id: self.requests[request_id].resolve(ids)
-            for request_id, ids in sampled.items()
-            if request_id in self.requests
-        }
+        for request_id, ids in sampled.items():
+            if (request := self.requests.get(request_id)) is not None:
+                request.resolve(ids)
 
     def finish_request(self, request_id: str) -> None:
         """Remove the utterance: its placeholders (steps in flight) and every encoder-cache

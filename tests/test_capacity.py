@@ -174,7 +174,7 @@ def test_sessions_behind_after_a_stall_they_recover_from_are_not_shed(whisper_mo
         sessions = [asyncio.create_task(session(i)) for i in range(2)]
         # Both mid-speech: the engine has consumed audio of each (a session that ended
         # first fails the test with how it ended).
-        while len([n for n in harness.engine.stats().consumed_samples.values() if n > 0]) < 2:
+        while len([h for h in list(harness.server.handles.by_id.values()) if h.consumed_samples > 0]) < 2:
             ended = [task for task in sessions if task.done()]
             assert not ended, [task.result() for task in ended]
             await asyncio.sleep(0.05)

@@ -12,7 +12,7 @@ from silero_vad import load_silero_vad
 
 from benchmarks.text import normalize_words, word_error_rate
 from realtime.config import ServerConfig
-from realtime.engine.events import Delta, Done, Interim, SpeechStarted, SpeechStopped
+from realtime.engine.events import AudioConsumed, Delta, Done, Interim, SpeechStarted, SpeechStopped
 from realtime.engine.loop import Engine
 from tests.conftest import espeak
 from tests.engine_events import listen
@@ -43,7 +43,9 @@ def stream_stepped(
     """Feed `audio` in chunks, one engine step after each; every event with the audio seconds sent by then."""
     events: list = []
     sent = [0.0]
-    engine.on_events = lambda batch: events.extend((sent[0], e) for _, e in batch)
+    engine.on_events = lambda batch: events.extend(
+        (sent[0], e) for _, e in batch if not isinstance(e, AudioConsumed)
+    )
     engine.add_utterance("u")
     for offset in range(0, len(audio), chunk):
         engine.add_audio("u", audio[offset : offset + chunk])
@@ -110,6 +112,7 @@ def test_a_step_decodes_one_window_of_a_turn_going_on_and_the_others_wait_counte
 ):
     speech = espeak(LONG_SENTENCE, tmp_path / "long.wav", rate=140)
     engine = Engine(one_window_a_step(whisper_model))
+    events = listen(engine, consumed=True)
     names = "abc"
     for name in names:
         engine.add_utterance(name)
@@ -124,7 +127,7 @@ def test_a_step_decodes_one_window_of_a_turn_going_on_and_the_others_wait_counte
             assert len(now) <= 1, now
             decoded += now
             computed = {n: engine.utterances[n].request.num_computed * 160 for n in names}
-            behind = {n: computed[n] - engine.stats().consumed_samples[n] for n in names}
+            behind = {n: computed[n] - consumed(events[n]) for n in names}
             # Only audio whose decode is due and waits counts: the one just decoded has none.
             assert all(behind[n] == 0 for n in now) and all(b <= 16000 for b in behind.values()), behind
             waited = max(waited, *behind.values())
@@ -139,6 +142,11 @@ def feed(engine: Engine, name: str, audio: np.ndarray, arrived_from: float) -> N
     at `arrived_from + t`."""
     for offset in range(0, len(audio), 1600):
         engine.add_audio(name, audio[offset : offset + 1600], arrived_from + (offset + 1600) / 16000)
+
+
+def consumed(events: list) -> int:
+    """The audio the engine last said it consumed of an utterance."""
+    return next((e.samples for e in reversed(events) if isinstance(e, AudioConsumed)), 0)
 
 
 def decoded_by_one_step(engine: Engine, names: Sequence[str]) -> list[str]:

@@ -42,7 +42,7 @@ def _start_of_bad(engine):
 
 def _last_text_of_bad(engine):
     """Its last output, where the output path makes its text from the ids it sampled."""
-    return engine.utterances, "deliver", lambda utterance, out, ids: utterance.id == "bad" and out.finished
+    return engine.utterances, "deliver", lambda utterance, out: utterance.id == "bad" and out.finished
 
 
 @pytest.mark.parametrize("fault", [_decode_of_slot_1, _encode_of_slot_1, _start_of_bad, _last_text_of_bad])

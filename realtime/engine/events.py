@@ -38,6 +38,14 @@ class TurnEnded:
 
 
 @dataclass
+class AudioConsumed:
+    """How much of its client audio the model has computed, less what waits for its text: a
+    sender is paced by it. Sent after a step that moved it, before the step's other events."""
+
+    samples: int
+
+
+@dataclass
 class Done:
     text: str
     audio_seconds: float  # what the client sent, without the family's padding
@@ -51,4 +59,14 @@ class Failed:
     message: str
 
 
-EngineEvent = Delta | Interim | LanguageDetected | SpeechStarted | SpeechStopped | TurnEnded | Done | Failed
+EngineEvent = (
+    AudioConsumed
+    | Delta
+    | Interim
+    | LanguageDetected
+    | SpeechStarted
+    | SpeechStopped
+    | TurnEnded
+    | Done
+    | Failed
+)

@@ -1,9 +1,8 @@
 """The step loop: one thread owns the scheduler, the caches, the utterances and the runner.
 
 Other threads only enqueue typed commands and read the stats the loop publishes; the
-events of every utterance go to one listener, `on_events`, once per step that has events or
-consumed audio, as one batch of (utterance id, event) in order (empty when it only consumed:
-a listener pacing a client's audio waits for that).
+events of every utterance, the audio it consumed among them, go to one listener, `on_events`,
+once per step that has any, as one batch of (utterance id, event) in order.
 """
 
 import queue
@@ -20,7 +19,7 @@ from cache import FeatureCache
 from realtime.engine.capacity import Capacity
 from realtime.engine.commands import Abort, AddUtterance, AppendAudio, Command, FinishInput
 from realtime.engine.config import EngineConfig
-from realtime.engine.events import EngineEvent, Failed
+from realtime.engine.events import AudioConsumed, EngineEvent, Failed
 from realtime.engine.ingest import Ingest
 from realtime.engine.stats import EngineStats
 from realtime.engine.utterance import Utterances
@@ -236,7 +235,6 @@ class Engine:
             kv_slots_used=self.runner.num_slots_in_use,
             vad_calls=self.vad.calls,
             turn_model_calls=self.turn_model.calls,
-            consumed_samples=self.utterances.consumed_samples(),
             busy_share=capacity.busy_share(now),
             capacity_sessions=capacity.sessions(self.config.capacity.target_busy),
             shed_to_sessions=capacity.sessions(self.config.capacity.shed_to_busy),
@@ -244,12 +242,19 @@ class Engine:
         )
 
     def _publish(self) -> None:
-        """The events since the last publish, to the listener, if there are any or the audio
-        consumed changed; one that raises loses them, never the engine thread."""
-        events, self.utterances.outbox = self.utterances.outbox, []
-        consumed = self.snapshot.consumed_samples
-        moved, self._published_consumed = consumed != self._published_consumed, consumed
-        if (events or moved) and self.on_events is not None:
+        """The audio each utterance has consumed where it moved, then the events since the last
+        publish, to the listener, if there are any; one that raises loses them, never the
+        engine thread."""
+        consumed = self.utterances.consumed_samples()
+        events: list[tuple[str, EngineEvent]] = [
+            (utterance_id, AudioConsumed(samples))
+            for utterance_id, samples in consumed.items()
+            if samples != self._published_consumed.get(utterance_id, 0)
+        ]
+        self._published_consumed = consumed
+        events += self.utterances.outbox
+        self.utterances.outbox = []
+        if events and self.on_events is not None:
             try:
                 self.on_events(events)
             except Exception:
@@ -304,6 +309,6 @@ class Engine:
             for rid, outs in result.outputs.items()
             if any(output.token_ids for output in outs)
         }
-        sampled_at = self.scheduler.update_from_output(updates, sampled)
-        self.num_tokens += self.utterances.deliver_step(result.outputs, sampled_at)
+        self.scheduler.update_from_output(updates, sampled)
+        self.num_tokens += self.utterances.deliver_step(result.outputs)
         self._idle = not out.num_positions and not result.failed and not self.utterances.outbox

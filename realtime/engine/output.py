@@ -16,13 +16,13 @@ class OutputProcessor:
     num_tokens: int = 0
     token_text: TokenText | None = None  # a token family's text of the ids sampled so far
 
-    def events(self, output: UtteranceOutput, sampled: list[int], audio_seconds: float) -> list[EngineEvent]:
-        """What a step's output (with `sampled`, the ids it sampled) adds, in order; the last
-        is `Done` when the output finishes the utterance."""
+    def events(self, output: UtteranceOutput, audio_seconds: float) -> list[EngineEvent]:
+        """What a step's output adds, in order; the last is `Done` when the output finishes
+        the utterance."""
         self.num_tokens += output.num_tokens
         text = output.text
         if self.token_text is not None:
-            text += "".join(self.token_text.add(token_id) for token_id in sampled)
+            text += "".join(self.token_text.add(token_id) for token_id in output.token_ids)
             if output.finished:
                 text += self.token_text.flush()
         events: list[EngineEvent] = []

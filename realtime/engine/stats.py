@@ -1,6 +1,6 @@
 """The snapshot of its state the engine publishes after every step."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,8 +19,6 @@ class EngineStats:
     kv_slots_used: int = 0
     vad_calls: int = 0  # batched VAD calls: at most one per step
     turn_model_calls: int = 0  # batched semantic end-of-turn judgements: at most one per step
-    # Per live utterance, its client audio the engine has computed: connections pace reads by it.
-    consumed_samples: dict[str, int] = field(default_factory=dict)
     busy_share: float = 0.0  # of the model's wall time, over the capacity window
     capacity_sessions: int = 1  # sessions that fit, all speaking, under the target busy share
     shed_to_sessions: int = 1  # kept when sessions fall behind: room in each step to catch up

@@ -197,28 +197,23 @@ class Utterances(dict[str, Utterance[State]], Generic[State]):
                 utterance, "processing_error", f"transcription failed ({type(fault).__name__}); see the log"
             )
 
-    def deliver_step(self, outputs: dict[str, list[UtteranceOutput]], sampled_at: dict[str, int]) -> int:
+    def deliver_step(self, outputs: dict[str, list[UtteranceOutput]]) -> int:
         """A step's outputs in the order the utterances were added, not the runner's (a client's
         items finished in one step complete in the order it committed them); returns the tokens
-        of those still here (an utterance that ended meanwhile has none). `sampled_at`: where
-        each utterance's sampled ids landed in its output (`Scheduler.update_from_output`)."""
+        of those still here (an utterance that ended meanwhile has none)."""
         tokens = 0
         for utterance in list(self.values()):
             with self.walled(utterance):
-                at = sampled_at.get(utterance.id, 0)
                 for output in outputs.get(utterance.id, []):
                     tokens += output.num_tokens
-                    resolved = utterance.request.output_token_ids[at : at + len(output.token_ids)]
-                    at += len(output.token_ids)
-                    self.deliver(utterance, output, resolved)
+                    self.deliver(utterance, output)
         return tokens
 
-    def deliver(self, utterance: Utterance, output: UtteranceOutput, resolved: list[int]) -> None:
-        """A step's output, and the ids it sampled, resolved in the request."""
+    def deliver(self, utterance: Utterance, output: UtteranceOutput) -> None:
         if utterance.speakers is not None and output.words:
             output.words = utterance.speakers.label(output.words)
         audio_seconds = utterance.num_client_samples / SAMPLE_RATE
-        for event in utterance.output.events(output, resolved, audio_seconds):
+        for event in utterance.output.events(output, audio_seconds):
             self.emit(utterance.id, event)
         if output.finished:
             self.end(utterance)

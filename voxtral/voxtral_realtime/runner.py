@@ -3,8 +3,8 @@
 The engine thread prepares a step (`submit`: gather items, pad features, build index
 tensors, append placeholders) while a single worker thread runs the previous one on
 the device; the worker owns all device state, so steps, slot resets and releases run
-in the order they were submitted. Sampled ids come back as data only: the engine
-fills the placeholders with them and detokenizes from the resolved ids.
+in the order they were submitted. Sampled ids come back as data only: the scheduler
+fills the request's placeholders with them, and the utterance's output detokenizes them.
 """
 
 import heapq
