@@ -149,7 +149,7 @@ class Connection:
     @property
     def spec(self) -> ModelSpec:
         """The served model's facts: what a session may ask of it."""
-        return self.engine.runner.spec
+        return self.engine.spec
 
     @property
     def finishing(self) -> bool:

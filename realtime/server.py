@@ -173,7 +173,7 @@ class RealtimeServer:
                 websocket.query_params, {k: websocket.query_params.getlist(k) for k in websocket.query_params}
             )
             check_model(self.model, options.model, log)
-            transcription = options.transcription(self.engine.runner.spec)
+            transcription = options.transcription(self.engine.spec)
         except ProtocolError as exc:
             self.admission.seated(websocket)
             await deny(websocket, self.door.refusal(websocket, HTTPStatus.BAD_REQUEST, exc.code, exc.message))
@@ -237,8 +237,8 @@ class RealtimeServer:
             "server.listening",
             url=f"ws://{self.config.host}:{self.port}{REALTIME_PATH}",
             model=self.model.name,
-            device=str(self.engine.runner.spec.device),
-            precision=self.engine.runner.spec.precision,
+            device=str(self.engine.spec.device),
+            precision=self.engine.spec.precision,
         )
 
     def accepting(self) -> bool:

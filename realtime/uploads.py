@@ -143,7 +143,7 @@ class Uploads:
             raise ProtocolError("invalid_request", f"the form cannot be read: {exc}") from None
         except HTTPException as exc:  # starlette's answer to a form past its bounds, as plain text
             raise ProtocolError("invalid_request", f"the form cannot be read: {exc.detail}") from None
-        asked = file_api.parse(form, task, self.engine.runner.spec)
+        asked = file_api.parse(form, task, self.engine.spec)
         check_model(self.model, asked.model, log)
         return asked
 
@@ -213,7 +213,7 @@ class Uploads:
         """The upload's deltas, then its transcript; its audio is fed meanwhile."""
         feeder = asyncio.create_task(self._feed(job, recording))
         # Named, or a one-language model's, or what the model detects (`LanguageDetected`).
-        served = self.engine.runner.spec.languages or frozenset()
+        served = self.engine.spec.languages or frozenset()
         language = asked.transcription.language or (next(iter(served)) if len(served) == 1 else "")
         try:
             while True:

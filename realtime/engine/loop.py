@@ -24,7 +24,7 @@ from realtime.engine.ingest import Ingest
 from realtime.engine.stats import EngineStats
 from realtime.engine.utterance import Utterances
 from scheduler import RequestKind, Scheduler, SchedulerOutput
-from voxtral.runner import ModelRunner, StepResult, Transcription
+from voxtral.runner import ModelRunner, ModelSpec, StepResult, Transcription
 from voxtral.speaker_encoder import SpeakerEncoder
 from voxtral.turn_model import TurnModel
 from voxtral.vad import Vad, VadConfig
@@ -77,6 +77,11 @@ class Engine:
         self._stopping = True
         self._commands.put(None)
         self._thread.join(timeout=30)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """What the served model is and can do: the edge checks sessions' asks against it."""
+        return self.runner.spec
 
     @property
     def alive(self) -> bool:
