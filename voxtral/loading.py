@@ -22,6 +22,11 @@ DEFAULT_MODEL = TINY_EN
 # projections each meet every one), so a server grew by a couple of hundred MB as they came. A
 # step's layers share its shapes, and a kernel made again costs little beside a window's products.
 ONEDNN_KERNELS = 128
+# ideep, the layer between torch and oneDNN that bfloat16 convolutions and products go through,
+# keeps its own kernel per shape (1,024 by default, about 1.5 MB each for Whisper's encoder in
+# bfloat16); the encoder's lengths are rounded to whole seconds, so a served model meets at
+# most about thirty of them.
+IDEEP_KERNELS = 32
 
 
 @dataclass
@@ -93,6 +98,7 @@ def load_model(
     """
     # Read once, by the first oneDNN call; an operator's own setting stands.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS))
+    os.environ.setdefault("LRU_CACHE_CAPACITY", str(IDEEP_KERNELS))
     with ThreadPoolExecutor(1, thread_name_prefix="voxrt-load") as pool:
         loaded = pool.submit(_load_model, model, device, dtype, max_sessions, cores, float8_rings).result()
         if cores is not None:
