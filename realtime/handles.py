@@ -1,8 +1,7 @@
 """One utterance in the engine as the edge holds it, from its start to its end: where its
 events go, the audio handed over, and how far the engine has consumed it (as its
-`AudioConsumed` events say). A WebSocket
-connection and an upload each hold theirs through a handle; the server's table of handles
-routes the engine's events."""
+`AudioConsumed` events say). A WebSocket connection and an upload each hold theirs through a
+handle; the server's table of handles routes the engine's events."""
 
 import time
 from dataclasses import dataclass

@@ -42,8 +42,8 @@ def grown_mb(env: dict[str, str]) -> float:
 
 def test_windows_of_every_length_leave_the_served_model_as_they_found_it():
     """150 lengths of window, 0.1 to 15 s, against the kernel libraries' own bounds (1,024 kernels
-    each): with what `load_model` sets the process grows by a fraction of that. int8 (no AMX
-    tiles) grew 39 MB against 13; bfloat16 (AMX) 227 MB against 63."""
+    each): with what `load_model` sets the process grows by a fraction of that, on int8 CPUs and
+    bfloat16 ones alike (the figures: docs/decisions.md#memory)."""
     bounded = grown_mb({})
     unbounded = grown_mb({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "LRU_CACHE_CAPACITY": "1024"})
     assert bounded < 0.5 * unbounded, (bounded, unbounded)

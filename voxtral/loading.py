@@ -23,9 +23,8 @@ DEFAULT_MODEL = TINY_EN
 # step's layers share its shapes, and a kernel made again costs little beside a window's products.
 ONEDNN_KERNELS = 128
 # ideep, the layer between torch and oneDNN that bfloat16 convolutions and products go through,
-# keeps its own kernel per shape (1,024 by default, about 1.5 MB each for Whisper's encoder in
-# bfloat16); the encoder's lengths are rounded to whole seconds, so a served model meets at
-# most about thirty of them.
+# keeps its own kernel, with buffers of its own, per shape, and oneDNN's bound does not reach
+# it; the encoder's lengths are rounded to whole seconds, so a served model meets about thirty.
 IDEEP_KERNELS = 32
 
 
