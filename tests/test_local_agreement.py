@@ -207,6 +207,12 @@ def test_committed_words_leave_only_where_no_segment_can_and_never_the_last_one(
     five = SPANS[:5]
     commit = other.update(hyp((0, None, SAID)), False, False, trim_before=4.2, long_window_spans=lambda: five)
     assert commit.trim_seconds == 0 and other.window_words == SAID.split()[:10]
+    # A decode that says fewer words than the window has committed (it dropped some) places
+    # none of them: nothing leaves.
+    short = WindowCommitter(window_words=SAID.split()[:10])
+    said = hyp((0, None, " so I was saying that we"))
+    commit = short.update(said, False, False, trim_before=4.2, long_window_spans=lambda: SPANS[:6])
+    assert commit.trim_seconds == 0 and short.window_words == SAID.split()[:10]
 
 
 def test_a_long_window_that_hears_none_of_its_new_words_twice_leaves_by_its_closed_segments():

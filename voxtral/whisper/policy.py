@@ -298,8 +298,8 @@ class WindowCommitter:
         loses nothing). A long turn said without a pause Whisper may write as one open segment,
         and its window would otherwise grow, and every decode of it cost more, until it is forced
         whole."""
-        if len(spans) != words:  # the alignment counted words another way: no word is placed
-            return 0.0, 0
+        if len(spans) != words or words < len(self.window_words):
+            return 0.0, 0  # the alignment counted words another way, or the decode dropped committed ones
         kept = next((k for k in range(len(self.window_words) - 1, 0, -1) if spans[k][0] <= trim_before), 0)
         if kept == 0:
             return 0.0, 0
