@@ -1,14 +1,14 @@
 """One WebSocket connection: its wire session, its utterances in the engine, its bounded outbox.
 
-The wire session (vLLM's or OpenAI's protocol, `realtime/protocols/`) turns client events
-into calls here and engine events into server events; this class owns what both share.
+The wire session (vLLM's, OpenAI's or Deepgram's protocol, `realtime/protocols/`) turns client
+events into commands on the utterances it starts here, and engine events into server events;
+this class owns what they share: the socket, its limits, its utterances' seats.
 """
 
 import asyncio
 import time
 from collections.abc import Callable
 
-import numpy as np
 import structlog
 from starlette.websockets import WebSocket
 
@@ -68,7 +68,7 @@ class Connection:
         self.idle = asyncio.Event()  # no utterance in the engine
         self.idle.set()
         self.started_at = time.monotonic()
-        self.audio_seconds = 0.0
+        self.ended_samples = 0  # audio of its utterances that ended
         self.num_deltas = 0
         self.num_errors = 0
         self.closing: asyncio.Future | None = None
@@ -150,6 +150,11 @@ class Connection:
     def spec(self) -> ModelSpec:
         """The served model's facts: what a session may ask of it."""
         return self.engine.spec
+
+    @property
+    def audio_seconds(self) -> float:
+        """The audio its utterances handed to the engine."""
+        return (self.ended_samples + sum(u.sent_samples for u in self.utterances.values())) / SAMPLE_RATE
 
     @property
     def finishing(self) -> bool:
@@ -238,7 +243,7 @@ class Connection:
 
     def start_utterance(
         self, vad: VadConfig | None = None, transcription: Transcription = Transcription()
-    ) -> str:
+    ) -> UtteranceHandle:
         if len(self.utterances) >= self.limits.max_utterances:
             raise ProtocolError(
                 "too_many_utterances",
@@ -247,35 +252,21 @@ class Connection:
             )
         self.num_utterances += 1
         utterance = f"{self.connection_id}-{self.num_utterances}"
-        self.utterances[utterance] = self.handles.open(utterance, self, vad, transcription)
+        handle = self.handles.open(utterance, self, vad, transcription, read_all_at=self._read_all_at)
+        self.utterances[utterance] = handle
         self.idle.clear()
         self.metrics.utterances_total.inc()
         self.metrics.utterances_active.inc()
-        return utterance
+        return handle
 
-    def add_audio(self, utterance: str, samples: np.ndarray) -> None:
-        """Audio of a live utterance (of one aborted meanwhile, as a close began, it goes nowhere)."""
-        if not len(samples) or (live := self.utterances.get(utterance)) is None:
-            return
-        live.add_audio(samples, caught_up_at=self.read_all_at)
-        self.audio_seconds += len(samples) / SAMPLE_RATE
-
-    def consumed_seconds(self, utterance: str) -> float:
-        live = self.utterances.get(utterance)
-        return 0.0 if live is None else live.consumed_samples / SAMPLE_RATE
-
-    def is_finishing(self, utterance: str | None) -> bool:
-        return utterance in self.utterances and self.utterances[utterance].finishing
-
-    def finish(self, utterance: str) -> None:
-        if (live := self.utterances.get(utterance)) is not None:
-            live.finish()
+    def _read_all_at(self) -> float:
+        return self.read_all_at
 
     def finish_all(self) -> None:
         """The server drains: every utterance's input ends here."""
         self.draining = True
-        for utterance in self.utterances:
-            self.finish(utterance)
+        for live in self.utterances.values():
+            live.finish()
 
     def abort_all(self) -> None:
         for utterance in list(self.utterances):
@@ -305,6 +296,7 @@ class Connection:
         if (live := self.utterances.pop(utterance, None)) is None:
             return
         live.close()
+        self.ended_samples += live.sent_samples
         self.metrics.utterances_active.dec()
         if not self.utterances:
             self.idle.set()

@@ -4,6 +4,7 @@ events go, the audio handed over, and how far the engine has consumed it (as its
 handle; the server's table of handles routes the engine's events."""
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +33,8 @@ class UtteranceHandle:
     utterance_id: str
     listener: Listener
     handles: "Handles"
+    # A live client's: when its reads last found nothing waiting in TCP (None: an upload's).
+    read_all_at: Callable[[], float] | None = None
     sent_samples: int = 0  # audio handed to the engine
     consumed_samples: int = 0  # of it, what the engine has computed, as the last step published
     audio_started_at: float | None = None  # when its first audio came
@@ -39,23 +42,28 @@ class UtteranceHandle:
     ended: bool = False  # done or failed in the engine, or aborted here
     delta_sent: bool = False  # its first delta went out
 
-    def add_audio(self, samples: np.ndarray, caught_up_at: float | None = None) -> None:
-        """`caught_up_at`: a live client's, when its reads last found nothing waiting. Audio
-        read behind a backlog (reads paused by backpressure) waited in TCP: it came when a
-        real-time sender would have sent it, and not before the reads last caught up. Without
-        it (an upload's), the audio came now."""
-        if self.ended:
+    def add_audio(self, samples: np.ndarray) -> None:
+        """A live client's audio read behind a backlog (reads paused by backpressure) waited
+        in TCP: it came when a real-time sender would have sent it, and not before the reads
+        last caught up. An upload's came now. Audio of an utterance that ended (aborted as a
+        close began) goes nowhere."""
+        if self.ended or not len(samples):
             return
         now = time.monotonic()
         if self.audio_started_at is None:
             self.audio_started_at = now
         self.sent_samples += len(samples)
         arrived_at = now
-        if caught_up_at is not None:
+        if self.read_all_at is not None:
             real_time = self.audio_started_at + self.sent_samples / SAMPLE_RATE
-            arrived_at = max(caught_up_at, min(now, real_time))
+            arrived_at = max(self.read_all_at(), min(now, real_time))
         self.handles.metrics.audio_seconds.inc(len(samples) / SAMPLE_RATE)
         self.handles.engine.add_audio(self.utterance_id, samples, arrived_at)
+
+    @property
+    def consumed_seconds(self) -> float:
+        """How much of its audio the engine has heard (its VAD included)."""
+        return self.consumed_samples / SAMPLE_RATE
 
     def unconsumed_samples(self) -> int:
         """Its audio handed over and not yet computed: what a sender is held back by."""
@@ -99,8 +107,9 @@ class Handles:
         vad: VadConfig | None = None,
         transcription: Transcription = Transcription(),
         kind: RequestKind = RequestKind.LIVE,
+        read_all_at: Callable[[], float] | None = None,
     ) -> UtteranceHandle:
-        handle = self.by_id[utterance_id] = UtteranceHandle(utterance_id, listener, self)
+        handle = self.by_id[utterance_id] = UtteranceHandle(utterance_id, listener, self, read_all_at)
         self.engine.add_utterance(utterance_id, vad, transcription, kind)
         return handle
 

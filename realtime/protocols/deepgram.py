@@ -38,7 +38,7 @@ from realtime.protocols.deepgram_wire import (
     speech_started,
     utterance_end,
 )
-from realtime.protocols.port import IdleClose, SessionPort
+from realtime.protocols.port import IdleClose, SessionPort, UtterancePort
 from voxtral.audio import SAMPLE_RATE, decode
 from voxtral.runner import TimedWord, Transcription
 
@@ -68,7 +68,7 @@ class DeepgramSession:
         self.carry = b""  # a PCM16 sample's first byte, its second still to come
         self.sha256 = hashlib.sha256()  # of every audio byte, for `Metadata`
         self.samples = 0  # the session's audio at 16 kHz: its clock
-        self.utterance: str | None = None  # receiving audio
+        self.utterance: UtterancePort | None = None  # receiving audio
         self.streams: dict[str, Stream] = {}  # started, not yet done
         self.cursor = 0.0  # where the last final result's audio ended (seconds)
         self.interim_shown = False  # the last interim result had text
@@ -125,8 +125,8 @@ class DeepgramSession:
             return
         if self.utterance is None:
             self.utterance = self.connection.start_utterance(self.options.vad(), self.transcription)
-            self.streams[self.utterance] = Stream(self.clock)
-        self.connection.add_audio(self.utterance, samples)
+            self.streams[self.utterance.utterance_id] = Stream(self.clock)
+        self.utterance.add_audio(samples)
         self.samples += len(samples)
         self._utterance_end()
 
@@ -136,11 +136,11 @@ class DeepgramSession:
             return
         if self.resampler is not None:  # what it still holds belongs to this utterance
             rest = self.resampler.resample_chunk(np.zeros(0, np.float32), last=True)
-            self.connection.add_audio(self.utterance, rest)
+            self.utterance.add_audio(rest)
             self.samples += len(rest)
             self.resampler = self._resampler()
-        self.streams[self.utterance].finalized = finalized
-        self.connection.finish(self.utterance)
+        self.streams[self.utterance.utterance_id].finalized = finalized
+        self.utterance.finish()
         self.utterance = None
 
     def _close_stream(self) -> None:
@@ -160,10 +160,13 @@ class DeepgramSession:
         gap = self.options.utterance_end_ms
         if gap is None or self.last_word_end is None or not self.turn_over or self.utterance is None:
             return
-        heard = self.streams[self.utterance].offset + self.connection.consumed_seconds(self.utterance)
+        heard = self.streams[self.utterance.utterance_id].offset + self.utterance.consumed_seconds
         if heard >= self.last_word_end + gap / 1000:
             self.connection.send(utterance_end(self.last_word_end))
             self.last_word_end = None
+
+    def _receiving(self, utterance: str) -> bool:
+        return self.utterance is not None and self.utterance.utterance_id == utterance
 
     def on_event(self, utterance: str, event: EngineEvent) -> None:
         stream = self.streams[utterance]
@@ -194,13 +197,13 @@ class DeepgramSession:
                 words = [w for delta in stream.held for w in delta.words or []]
                 self._final(stream, "".join(d.text for d in stream.held), words, from_finalize=True)
             del self.streams[utterance]
-            if utterance == self.utterance:  # the server ended its input (drain)
+            if self._receiving(utterance):  # the server ended its input (drain)
                 self.utterance = None
             if self.closing and not self.streams:
                 self._closed()
         elif isinstance(event, Failed):
             del self.streams[utterance]
-            if utterance == self.utterance:
+            if self._receiving(utterance):
                 self.utterance = None
             self.connection.send(error(event.code, event.message))
             self.connection.end(1011, event.code[:100], after_outbox=True)

@@ -47,7 +47,7 @@ from realtime.protocols.openai_wire import (
     parse,
     session_object,
 )
-from realtime.protocols.port import SessionPort
+from realtime.protocols.port import SessionPort, UtterancePort
 from voxtral.audio import SAMPLE_RATE, decode
 from voxtral.runner import TimedWord, Transcription
 
@@ -93,7 +93,7 @@ class OpenAISession:
         self.vad: ServerVad | SemanticVad | None = ServerVad()
         self.format = InputFormat()
         self.resampler: soxr.ResampleStream | None = self._resampler()
-        self.utterance: str | None = None  # the one receiving audio; its last item is the input buffer
+        self.utterance: UtterancePort | None = None  # receiving audio; its last item is the input buffer
         self.buffered_samples = 0  # in the input buffer, at 16 kHz
         self.session_samples = 0  # all audio of the session, at 16 kHz: the clock of audio_*_ms
         self.turns: dict[str, UtteranceItems] = {}  # per utterance
@@ -127,7 +127,7 @@ class OpenAISession:
                 self._commit()
             elif isinstance(event, Clear):
                 if self.utterance is not None:
-                    self._clear(self.utterance)
+                    self._clear(self.utterance.utterance_id)
                 self.resampler = self._resampler()
                 self.connection.send(dump("input_audio_buffer.cleared"))
         except ProtocolError as exc:
@@ -174,7 +174,7 @@ class OpenAISession:
             vad = self.vad and self.vad.vad_config()
             self.utterance = self.connection.start_utterance(vad or None, self.transcription)
             speakers = self.transcription.speakers
-            self.turns[self.utterance] = UtteranceItems(self._clock_ms(), speakers=speakers)
+            self.turns[self.utterance.utterance_id] = UtteranceItems(self._clock_ms(), speakers=speakers)
             self._new_item(self._clock_ms())
         self._buffer(samples)
 
@@ -184,11 +184,11 @@ class OpenAISession:
     def _new_item(self, start_ms: int) -> None:
         """The input buffer's next item, receiving the audio from `start_ms` on."""
         words = [] if self.settings.logprobs else None
-        self.turns[self.utterance].items.append(Item(new_id("item"), start_ms, words=words))
+        self.turns[self.utterance.utterance_id].items.append(Item(new_id("item"), start_ms, words=words))
 
     def _buffer(self, samples: np.ndarray) -> None:
         """16 kHz audio into the input buffer, on the session's clock."""
-        self.connection.add_audio(self.utterance, samples)
+        self.utterance.add_audio(samples)
         self.buffered_samples += len(samples)
         self.session_samples += len(samples)
 
@@ -203,7 +203,7 @@ class OpenAISession:
 
     def _end_item(self, end_ms: int) -> None:
         """The input buffer's item is committed: its audio ends at `end_ms`."""
-        item = self.turns[self.utterance].items[-1]
+        item = self.turns[self.utterance.utterance_id].items[-1]
         item.end_ms = end_ms
         self.connection.send(
             dump("input_audio_buffer.committed", item_id=item.id, previous_item_id=self.previous_item)
@@ -215,7 +215,7 @@ class OpenAISession:
 
     def _stop_receiving(self) -> None:
         """The utterance's input ends; the next audio starts a new one."""
-        self.connection.finish(self.utterance)
+        self.utterance.finish()
         self.utterance, self.buffered_samples = None, 0
 
     def _clear(self, utterance: str) -> None:
@@ -234,7 +234,7 @@ class OpenAISession:
         turns = self.turns[utterance]
         items = turns.items
         if isinstance(event, SpeechStarted | SpeechStopped):
-            if self.vad is None or utterance != self.utterance:
+            if self.vad is None or not self._receiving(utterance):
                 return  # turn events are server VAD's, and only for the turn being spoken
             item, at = items[-1], turns.start_ms + event.audio_ms
             if isinstance(event, SpeechStarted):
@@ -312,7 +312,10 @@ class OpenAISession:
         name = f"conversation.item.input_audio_transcription.{kind}"
         self.connection.send(dump(name, item_id=item_id, content_index=0, **fields))
 
+    def _receiving(self, utterance: str) -> bool:
+        return self.utterance is not None and self.utterance.utterance_id == utterance
+
     def _forget(self, utterance: str) -> None:
         del self.turns[utterance]
-        if utterance == self.utterance:  # failed while receiving audio
+        if self._receiving(utterance):  # failed while receiving audio
             self.utterance, self.buffered_samples = None, 0

@@ -14,9 +14,28 @@ from voxtral.runner import ModelSpec, Transcription
 from voxtral.vad import VadConfig
 
 
+class UtterancePort(Protocol):
+    """An utterance as the wire session that started it commands it."""
+
+    utterance_id: str
+    finishing: bool  # its input ended; its result is owed
+    ended: bool  # done or failed in the engine, or aborted
+
+    @property
+    def consumed_seconds(self) -> float:
+        """How much of its audio the engine has heard (its VAD included)."""
+        ...
+
+    def add_audio(self, samples: np.ndarray) -> None: ...
+
+    def finish(self) -> None:
+        """Its input ends here."""
+        ...
+
+
 class SessionPort(Protocol):
     """A connection as its wire session sees it: the served model, sending, and the
-    utterances the session starts, feeds, ends and aborts."""
+    utterances the session starts and aborts."""
 
     connection_id: str
     model: ServedModel  # the served model's names
@@ -36,21 +55,13 @@ class SessionPort(Protocol):
         """An error event the session sends itself: counted and logged."""
         ...
 
-    def start_utterance(self, vad: VadConfig | None, transcription: Transcription) -> str:
-        """A new utterance's id; raises `ProtocolError` past the connection's limit."""
+    def start_utterance(self, vad: VadConfig | None, transcription: Transcription) -> UtterancePort:
+        """A new utterance; raises `ProtocolError` past the connection's limit."""
         ...
 
-    def add_audio(self, utterance: str, samples: np.ndarray) -> None: ...
-
-    def is_finishing(self, utterance: str | None) -> bool: ...
-
-    def consumed_seconds(self, utterance: str) -> float:
-        """How much of the utterance's audio the engine has heard (its VAD included)."""
+    def abort(self, utterance: str) -> None:
+        """The utterance leaves the engine and the connection; its result is not owed."""
         ...
-
-    def finish(self, utterance: str) -> None: ...
-
-    def abort(self, utterance: str) -> None: ...
 
     def end(self, code: int, reason: str, after_outbox: bool = False) -> asyncio.Future:
         """Close the connection, after the events already sent where `after_outbox`."""

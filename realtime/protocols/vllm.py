@@ -16,7 +16,7 @@ from realtime.protocols.common import (
     check_model,
     parse_event,
 )
-from realtime.protocols.port import SessionPort
+from realtime.protocols.port import SessionPort, UtterancePort
 from voxtral.runner import TimedWord, Transcription
 
 
@@ -100,7 +100,7 @@ class VllmSession:
 
     def __init__(self, connection: SessionPort) -> None:
         self.connection = connection
-        self.utterance: str | None = None  # the running utterance
+        self.utterance: UtterancePort | None = None  # the running utterance
         self.interim = False  # the client asked for `transcription.interim`
         # language, task, prompt and word times of the utterances to come
         self.transcription = Transcription()
@@ -123,19 +123,19 @@ class VllmSession:
             elif isinstance(event, AudioAppend):
                 if self.connection.draining:
                     return  # the server ended the input; the client will hear `transcription.done`
-                if self.connection.is_finishing(self.utterance):
+                if self._input_finished():
                     raise ProtocolError("input_finished", "audio after the final commit: wait for done")
-                self.connection.add_audio(self._running(), event.audio)
+                self._running().add_audio(event.audio)
             else:
                 if self.connection.draining:  # every input has ended: a commit starts nothing
                     if self.utterance is None:
                         raise ProtocolError("shutting_down", "the server is draining: no new utterance")
                     return
-                if self.connection.is_finishing(self.utterance):
+                if self._input_finished():
                     raise ProtocolError("input_finished", "input already finished: wait for done")
                 utterance = self._running()
                 if event.final:
-                    self.connection.finish(utterance)
+                    utterance.finish()
         except ProtocolError as exc:
             self.connection.send_error(exc.code, exc.message)
 
@@ -154,7 +154,11 @@ class VllmSession:
             keyterms=event.keyterms,
         )
 
-    def _running(self) -> str:
+    def _input_finished(self) -> bool:
+        """The running utterance's input ended; its `transcription.done` is still to come."""
+        return self.utterance is not None and self.utterance.finishing and not self.utterance.ended
+
+    def _running(self) -> UtterancePort:
         if self.utterance is None:
             self.utterance = self.connection.start_utterance(transcription=self.transcription)
         return self.utterance
