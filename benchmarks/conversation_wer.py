@@ -14,7 +14,8 @@ quiet moments (`benchmarks/real_speech.pieces`), as the build before this benchm
 
 Prints one JSON line: per build and path (`live1`, `live4`, ..., `upload`, `unpaced`, and
 `offline`), each conversation's WER (Whisper's English normalization), the set's pooled WER
-(word errors over words: all, held out, built), results that came back empty, refusals.
+(word errors over words: all, held out, built), results that came back empty, uploads the server
+failed (an error answered: counted, their words missed), refusals.
 
     .venv/bin/python -m benchmarks.conversation_wer --build base=DIR --build this=. [--sessions 1,4]
 """
@@ -60,7 +61,11 @@ def cpu() -> str:
     return f"{name}, {kind}, {os.cpu_count()} cores"
 
 
-def scores(conversations: list[Spoken], texts: list[str], refused: int = 0) -> dict:
+def scores(conversations: list[Spoken], texts: list[str | None], refused: int = 0) -> dict:
+    """`texts`: None where the server answered an error."""
+    failed = sum(t is None for t in texts)
+    texts = [t or "" for t in texts]
+
     def pooled(which: list[int]) -> float:
         return pooled_wer([conversations[i].text for i in which], [texts[i] for i in which])
 
@@ -70,7 +75,8 @@ def scores(conversations: list[Spoken], texts: list[str], refused: int = 0) -> d
         "pooled": pooled(list(everyone)),
         "held_out": pooled([i for i in everyone if conversations[i].held_out]),
         "built": pooled([i for i in everyone if not conversations[i].held_out]),
-        "empty": sum(not t.strip() for t in texts),
+        "empty": sum(not t.strip() for t in texts) - failed,
+        "failed": failed,
         "refused": refused,
     }
 
@@ -79,6 +85,14 @@ def wav(audio: np.ndarray) -> bytes:
     out = io.BytesIO()
     soundfile.write(out, audio, SAMPLE_RATE, format="WAV", subtype="PCM_16")
     return out.getvalue()
+
+
+def upload(sdk: openai.OpenAI, audio: np.ndarray) -> str | None:
+    """The file API's text; None where the server answered an error (it says why in its log)."""
+    try:
+        return sdk.audio.transcriptions.create(file=("c.wav", wav(audio)), model="whisper-1").text
+    except openai.APIStatusError:
+        return None
 
 
 async def unpaced(url: str, audio: np.ndarray) -> str:
@@ -107,11 +121,7 @@ def run(build: Build, conversations: list[Spoken], counts: list[int], clients: C
             out[f"live{sessions}"] = live(server, clients, conversations, sessions)
             if sessions == 1:
                 sdk = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="-", max_retries=0)
-                uploaded = [
-                    sdk.audio.transcriptions.create(file=("c.wav", wav(c.audio)), model="whisper-1").text
-                    for c in conversations
-                ]
-                out["upload"] = scores(conversations, uploaded)
+                out["upload"] = scores(conversations, [upload(sdk, c.audio) for c in conversations])
                 out["unpaced"] = scores(
                     conversations, [asyncio.run(unpaced(server.url, c.audio)) for c in conversations]
                 )
