@@ -64,6 +64,7 @@ def cpu() -> str:
 def scores(conversations: list[Spoken], texts: list[str | None], refused: int = 0) -> dict:
     """`texts`: None where the server answered an error."""
     failed = sum(t is None for t in texts)
+    empty = sum(t is not None and not t.strip() for t in texts)
     texts = [t or "" for t in texts]
 
     def pooled(which: list[int]) -> float:
@@ -75,7 +76,7 @@ def scores(conversations: list[Spoken], texts: list[str | None], refused: int = 
         "pooled": pooled(list(everyone)),
         "held_out": pooled([i for i in everyone if conversations[i].held_out]),
         "built": pooled([i for i in everyone if not conversations[i].held_out]),
-        "empty": sum(not t.strip() for t in texts) - failed,
+        "empty": empty,
         "failed": failed,
         "refused": refused,
     }
