@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from cache.encoder_cache import EncoderCacheManager
 from scheduler.items import AudioItem
-from scheduler.request import Request, RequestUpdate
+from scheduler.request import Request, RequestKind, RequestUpdate
 
 
 @dataclass
@@ -65,11 +65,16 @@ class SchedulerConfig:
     # A family that re-reads a window of past audio: what it computed stays referenced until
     # its step output (`RequestUpdate.retain_from`) moves the window.
     retains_window: bool = False
+    # Uploads run in one step at most: a family that decodes them beside live speech, on
+    # lanes of their own. None: as many as the budgets allow.
+    max_uploads_per_step: int | None = None
 
 
 class Scheduler:
     """Round-robin over running utterances under a position budget and an encoder budget,
-    by kind first: an upload's positions come after every live utterance's.
+    by kind first: an upload's positions come after every live utterance's. At most
+    `max_uploads_per_step` uploads run in a step, one the family holds work for first: it
+    keeps its lane until that work is done, and the others wait their turn.
 
     Per request only the items overlapping its positions `[start, end)` are touched
     (two bisects), so a step costs the same at item 10 and item 32,768.
@@ -146,15 +151,20 @@ class Scheduler:
             self._free_consumed_inputs(request)
         positions_left = self.config.max_positions_per_step
         encoder_left = self.config.max_encoder_rows_per_step
+        uploads_run = 0
         first_blocked: int | None = None
         rotation = [(self._cursor + k) % len(running) for k in range(len(running))]
-        for index in sorted(rotation, key=lambda i: running[i].kind):
+        for index in sorted(rotation, key=lambda i: self._order(running[i])):
             request = running[index]
             if not request.wants_step:
+                continue
+            upload = request.kind is RequestKind.UPLOAD
+            if upload and self._lanes_taken(uploads_run):
                 continue
             start = request.num_computed
             if request.num_pending <= 0:  # only the family's work on computed positions
                 out.scheduled.append(ScheduledRequest(request, start, start, 0, 0, request.input_finished))
+                uploads_run += upload
                 continue
             # A prompt may run whole, but never together with the positions after it: those
             # feed back the token its last position samples.
@@ -176,6 +186,7 @@ class Scheduler:
             window = request.input_ids_in_window(start, end)
             final = request.input_finished and end == request.num_available
             out.scheduled.append(ScheduledRequest(request, start, end, window.start, window.stop, final))
+            uploads_run += upload
             out.encoder_inputs.extend((request, request.item(i)) for i in inputs)
             encoder_left = max(0, encoder_left - sum(request.item(i).num_embeds for i in inputs))
             positions_left -= end - start
@@ -190,6 +201,15 @@ class Scheduler:
             # they would be lost and the runner would hold their tensors for good.
             out.freed_mm_hashes = self.encoder_cache.get_freed_mm_hashes()
         return out
+
+    def _lanes_taken(self, uploads_run: int) -> bool:
+        most = self.config.max_uploads_per_step
+        return most is not None and uploads_run >= most
+
+    @staticmethod
+    def _order(request: Request) -> tuple[RequestKind, bool]:
+        """Live speech first; among uploads, one whose family holds work (on its lane) first."""
+        return request.kind, request.kind is RequestKind.UPLOAD and request.waiting_from is None
 
     def _schedule_encoder_inputs(
         self, request: Request, start: int, end: int, encoder_left: int

@@ -1,8 +1,18 @@
+from itertools import cycle
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler import AudioItem, PlaceholderRange, Request, RequestKind, Scheduler, SchedulerConfig
+from scheduler import (
+    AudioItem,
+    PlaceholderRange,
+    Request,
+    RequestKind,
+    RequestUpdate,
+    Scheduler,
+    SchedulerConfig,
+)
 
 configs = st.builds(
     SchedulerConfig,
@@ -70,6 +80,35 @@ def test_uploads_get_only_the_positions_live_speech_leaves(config, steps):
         got = {s.request.request_id: s.num_positions for s in scheduler.schedule().scheduled}
         if any(got.get(r.request_id) for r in requests if r.kind is RequestKind.UPLOAD):
             assert all(got.get(rid, 0) == n for rid, n in wanted.items()), (wanted, got)
+
+
+@settings(max_examples=150, deadline=None)
+@given(position_budgets, arrivals, st.lists(st.integers(0, 3), min_size=1, max_size=20))
+def test_uploads_run_one_a_step_and_one_on_its_lane_keeps_it(config, steps, holds):
+    """A family with one upload lane: at most one upload runs a step. While the family holds
+    work for one (its window decoding on the lane, for `holds` of its steps), no other upload
+    runs; and every upload's audio is computed in the end."""
+    config.max_uploads_per_step = 1
+    scheduler = Scheduler(config)
+    requests = [Request(f"s{i}", RequestKind(int(i >= 3))) for i in range(6)]
+    for request in requests:
+        scheduler.add_request(request)
+    holder, remaining, holds = None, 0, cycle(holds)
+    tail = [[(0, "a")] * 6] * 400  # drain every backlog at the end
+    for arrival in steps + tail:
+        for request, (length, tag) in zip(requests, arrival, strict=True):
+            feed(request, length, tag)
+        uploads = [s.request for s in scheduler.schedule().scheduled if s.request.kind is RequestKind.UPLOAD]
+        assert len(uploads) <= 1
+        assert holder is None or uploads in ([], [holder]), "another upload took the lane"
+        if holder is None and uploads:  # the family's decode: on the lane for `hold` more steps
+            holder, remaining = uploads[0], next(holds) + 1
+        if uploads and holder is not None:
+            remaining -= 1
+            waiting = holder.num_computed if remaining else None
+            scheduler.update_from_output({holder.request_id: RequestUpdate(None, waiting)}, {})
+            holder = holder if remaining else None
+    assert all(r.num_pending == 0 for r in requests)
 
 
 def check_schedule(config: SchedulerConfig, steps: list, bound: int) -> None:

@@ -23,6 +23,18 @@ def upload_audio() -> np.ndarray:
     return np.concatenate([recording("two_cities").audio, recording("endgame_nagg_nell").audio])
 
 
+def alone_text(runner, audio: np.ndarray) -> str:
+    """The reference: `audio` handed over at once as live speech, each turn decoded whole on
+    the engine thread."""
+    engine = Engine(runner)
+    events = listen(engine)
+    engine.add_utterance("alone")
+    engine.add_audio("alone", audio)
+    engine.finish_input("alone")
+    run_to_the_end(engine)
+    return done_text(events["alone"])
+
+
 def done_text(events: list) -> str:
     return next(e.text for e in events if isinstance(e, Done))
 
@@ -41,18 +53,13 @@ def run_to_the_end(engine: Engine) -> None:
         engine.run_once()
 
 
-def test_an_upload_decodes_beside_live_speech_a_window_at_a_time(whisper_runner, welcome, monkeypatch):
+def test_uploads_decode_beside_live_speech_a_window_at_a_time(whisper_runner, welcome, monkeypatch):
+    """Two uploads at once, a second at a time, the live speech's 100 ms chunks between: the
+    upload lane, one window at a time, decodes each turn whole, into the words each upload
+    alone decoded on the engine thread gives."""
     samples, text = welcome
-    upload = upload_audio()
-    # The reference: the same audio handed over at once as live speech, each turn decoded
-    # whole on the engine thread; the upload lane, fed a second at a time, decodes each turn
-    # whole too, into the same words.
-    alone = Engine(whisper_runner)
-    alone_events = listen(alone)
-    alone.add_utterance("upload")
-    alone.add_audio("upload", upload)
-    alone.finish_input("upload")
-    run_to_the_end(alone)
+    uploads = {"upload": upload_audio(), "second": recording("beckett").audio}
+    alone = {name: alone_text(whisper_runner, audio) for name, audio in uploads.items()}
 
     engine = Engine(whisper_runner)
     events = listen(engine)
@@ -74,27 +81,32 @@ def test_an_upload_decodes_beside_live_speech_a_window_at_a_time(whisper_runner,
                 at_once -= uploads
 
     monkeypatch.setattr(whisper_runner.decoder, "decode_lane", recorded)
-    engine.add_utterance("upload", kind=RequestKind.UPLOAD)
+    for name in uploads:
+        engine.add_utterance(name, kind=RequestKind.UPLOAD)
     engine.add_utterance("live")
-    # The upload a second at a time, as the server hands it over, with the live speech's
+    # The uploads a second at a time, as the server hands them over, with the live speech's
     # 100 ms chunks between.
     uploaded = 0
     for offset in range(0, len(samples), CHUNK):
         if offset % UPLOAD_CHUNK == 0:
-            engine.add_audio("upload", upload[uploaded : uploaded + UPLOAD_CHUNK])
+            for name, audio in uploads.items():
+                engine.add_audio(name, audio[uploaded : uploaded + UPLOAD_CHUNK])
             uploaded += UPLOAD_CHUNK
         engine.add_audio("live", samples[offset : offset + CHUNK])
         engine.run_once()
     engine.finish_input("live")
-    for rest in range(uploaded, len(upload), UPLOAD_CHUNK):
-        engine.add_audio("upload", upload[rest : rest + UPLOAD_CHUNK])
+    for rest in range(uploaded, max(len(a) for a in uploads.values()), UPLOAD_CHUNK):
+        for name, audio in uploads.items():
+            if rest < len(audio):
+                engine.add_audio(name, audio[rest : rest + UPLOAD_CHUNK])
         engine.run_once()
         uploads_decoded(engine)
-    engine.finish_input("upload")
+    for name in uploads:
+        engine.finish_input(name)
     run_to_the_end(engine)
 
     assert word_error_rate(text, done_text(events["live"])) <= 0.1
-    assert done_text(events["upload"]) == done_text(alone_events["upload"])
+    assert {name: done_text(events[name]) for name in uploads} == alone
     upload_decodes = [(thread, kinds) for thread, kinds in decodes if RequestKind.UPLOAD in kinds]
     assert upload_decodes and any(RequestKind.LIVE in kinds for _, kinds in decodes)
     on_the_upload_lane = [thread.startswith("voxrt-upload") for thread, _ in upload_decodes]

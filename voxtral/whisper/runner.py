@@ -23,6 +23,8 @@ from voxtral.whisper.policy import WhisperPolicy, WindowCommitter
 from voxtral.whisper.stream import POSITIONS_PER_SECOND, Speech, WhisperStream, Window
 from voxtral.whisper.words import TokenWords, is_spaced
 
+UPLOAD_LANES = 1  # uploads' windows decoding at once, beside live speech's steps
+
 
 @dataclass
 class UploadDecode:
@@ -56,8 +58,9 @@ class WhisperRunner:
         self.policy = policy or served_policy(model)
         self.decoder = WindowDecoder(model, self.policy, lanes)
         # Uploads (`RequestKind.UPLOAD`) decode on a thread of their own, a window at a time,
-        # beside the steps of live speech: request id -> the window and its decode.
-        self.upload_lane = ThreadPoolExecutor(1, thread_name_prefix="voxrt-upload")
+        # beside the steps of live speech (the scheduler runs one upload a step: the one whose
+        # window decodes here, until it is delivered): request id -> the window and its decode.
+        self.upload_lane = ThreadPoolExecutor(UPLOAD_LANES, thread_name_prefix="voxrt-upload")
         self.uploading: dict[str, UploadDecode] = {}
         self.spec = ModelSpec(
             name="whisper",
@@ -93,6 +96,7 @@ class WhisperRunner:
             # is found there, and kept here as well the same bytes would be held twice.
             keep_unreferenced_encoder_outputs=False,
             retains_window=True,
+            max_uploads_per_step=UPLOAD_LANES,
         )
 
     def trailing_silence_samples(self, num_samples: int) -> int:
@@ -208,8 +212,8 @@ class WhisperRunner:
         update: RequestUpdate,
         result: StepResult,
     ) -> None:
-        """An upload's window decodes on a lane of its own, one at a time, while the steps of
-        live speech go on beside it; the first step after it is done delivers it."""
+        """An upload's window decodes on the upload lane while the steps of live speech go on
+        beside it; the first step after it is done delivers it."""
         request_id = request.request_id
         try:
             if (decoding := self.uploading.get(request_id)) is not None:
@@ -223,9 +227,6 @@ class WhisperRunner:
                     return
                 if decoding.silence_until is not None:
                     leave_silence(state, decoding.silence_until, self.policy)
-            if self.uploading:  # another upload's window has the lane
-                update.waiting_from = state.window_start
-                return
             # Decoded whole once it ends, as a file is transcribed offline (the rest is coming),
             # unless more of it is here than one decode reads.
             turn = state.turns[0] if state.turns else None
