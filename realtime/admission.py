@@ -31,7 +31,7 @@ class Admission:
         for each utterance it has in the engine (OpenAI's committed turns still decoding), and
         one while it has none."""
         fit = min(self.engine.config.max_sessions, self.engine.stats().capacity_sessions)
-        held = sum(max(1, len(c.utterances)) for c in self.connections)
+        held = sum(max(1, len(c.seats)) for c in self.connections)
         return held + len(self.admitting), fit
 
     def busy(self) -> str | None:
@@ -70,7 +70,7 @@ class Admission:
 
     async def _check(self) -> None:
         now, stats = time.monotonic(), self.engine.stats()
-        lags = [c.lag_seconds(now) for c in self.connections]
+        lags = [c.seats.lag_seconds(now) for c in self.connections]
         for lag in lags:
             self.metrics.lag_seconds.observe(lag)
         self.lag_seconds = max(lags, default=0.0)
@@ -82,7 +82,7 @@ class Admission:
         if now - self.behind_since < self.max_lag_seconds:
             return
         running = sorted(
-            (c for c in self.connections if c.utterances and c.closing is None),
+            (c for c in self.connections if c.seats and c.closing is None),
             key=lambda c: c.started_at,
         )
         newest = running[max(1, stats.shed_to_sessions) :]

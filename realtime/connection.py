@@ -2,7 +2,8 @@
 
 The wire session (vLLM's, OpenAI's or Deepgram's protocol, `realtime/protocols/`) turns client
 events into commands on the utterances it starts here, and engine events into server events;
-this class owns what they share: the socket, its limits, its utterances' seats.
+this class owns what they share: the socket and its limits; its utterances' seats are its
+`Seats`.
 """
 
 import asyncio
@@ -20,12 +21,12 @@ from realtime.limits import ConnectionLimits, EventRate
 from realtime.metrics import Metrics
 from realtime.outbox import Outbox
 from realtime.progress import EngineProgress
-from realtime.protocols.common import ProtocolError
 from realtime.protocols.openai import OpenAISession
 from realtime.protocols.openai_wire import is_openai_event
 from realtime.protocols.port import IdleClose, WireSession
 from realtime.protocols.vllm import VllmSession
 from realtime.reader import MessageReader
+from realtime.seats import Seats
 from voxtral.audio import SAMPLE_RATE
 from voxtral.runner import ModelSpec, Transcription
 from voxtral.vad import VadConfig
@@ -54,21 +55,17 @@ class Connection:
         """`handles`: the server's table of utterances and where their events go; `progress`:
         woken as the engine consumes audio."""
         self.websocket, self.engine, self.metrics, self.limits = websocket, engine, metrics, limits
-        self.model, self.handles, self.progress = model, handles, progress
+        self.model, self.progress = model, progress
         self.connection_id = connection_id
         self.log = structlog.get_logger("voxrt.connection").bind(connection_id=connection_id)
         self.outbox = Outbox(websocket, limits.outbox_events, self._send_failed)
         self.wire: WireSession | None = None
-        self.utterances: dict[str, UtteranceHandle] = {}  # started, not yet done or failed
+        self.seats = Seats(connection_id, limits.max_utterances, handles, metrics, progress)
         self.draining = False  # the server ended every input: audio still coming is not the client's fault
         self.read_all_at = time.monotonic()  # when a read last found nothing waiting in TCP
         self.rate = EventRate(limits.max_events_per_second)
-        self.num_utterances = 0
         self.num_events = 0  # client events handled
-        self.idle = asyncio.Event()  # no utterance in the engine
-        self.idle.set()
         self.started_at = time.monotonic()
-        self.ended_samples = 0  # audio of its utterances that ended
         self.num_deltas = 0
         self.num_errors = 0
         self.closing: asyncio.Future | None = None
@@ -97,7 +94,7 @@ class Connection:
                     if time.monotonic() - asked_at > RECV_WAITED_SECONDS:
                         self.read_all_at = asked_at
                 except TimeoutError:
-                    if not self.finishing:
+                    if not self.seats.finishing:
                         await self.close(idle.code, idle.reason, idle.message)
                     continue
                 if message is None:
@@ -126,14 +123,14 @@ class Connection:
             if self.closing is not None:
                 await self.closing
         finally:
-            self.abort_all()
+            self.seats.abort_all()
             self.outbox.stop()
             self.reader.stop()
             self.log.info(
                 "connection.close",
                 seconds=round(time.monotonic() - self.started_at, 3),
-                audio_seconds=round(self.audio_seconds, 3),
-                utterances=self.num_utterances,
+                audio_seconds=round(self.seats.audio_seconds, 3),
+                utterances=self.seats.num_started,
                 deltas=self.num_deltas,
                 errors=self.num_errors,
                 close_code=self.close_code,
@@ -151,16 +148,6 @@ class Connection:
         """The served model's facts: what a session may ask of it."""
         return self.engine.spec
 
-    @property
-    def audio_seconds(self) -> float:
-        """The audio its utterances handed to the engine."""
-        return (self.ended_samples + sum(u.sent_samples for u in self.utterances.values())) / SAMPLE_RATE
-
-    @property
-    def finishing(self) -> bool:
-        """An utterance's input ended and its result is owed: the client may wait silently."""
-        return any(u.finishing for u in self.utterances.values())
-
     def _send_failed(self) -> None:
         self.metrics.closes.labels(reason="internal_error").inc()
         self.end(1011, "internal_error")
@@ -177,7 +164,7 @@ class Connection:
         the events queued where `after_outbox` (a client that reads nothing takes none)."""
         if self.closing is None:
             self.closing = asyncio.ensure_future(self._close(code, reason, after_outbox))
-        self.abort_all()
+        self.seats.abort_all()
         return self.closing
 
     async def _close(self, code: int, reason: str, after_outbox: bool) -> None:
@@ -200,10 +187,10 @@ class Connection:
         that disconnects meanwhile, or a close, ends the wait."""
         limit = self.limits.max_buffered_seconds * SAMPLE_RATE
         while (
-            self.utterances
+            self.seats
             and self.closing is None
             and not self.reader.gone()
-            and self._unconsumed_samples() > limit
+            and self.seats.unconsumed_samples() > limit
         ):
             waits = [asyncio.ensure_future(self.progress.wait())]
             if self.reader.may_read_ahead():
@@ -213,13 +200,6 @@ class Connection:
             finally:
                 for wait in waits:
                     wait.cancel()  # a read left waiting is taken by the next (`MessageReader.read`)
-
-    def _unconsumed_samples(self) -> int:
-        return sum(u.unconsumed_samples() for u in self.utterances.values())
-
-    def lag_seconds(self, now: float) -> float:
-        """How far its furthest utterance is behind real time (`UtteranceHandle.lag_seconds`)."""
-        return max([0.0, *(u.lag_seconds(now) for u in self.utterances.values())])
 
     def send(self, text: str) -> None:
         if self.closing is not None:
@@ -244,20 +224,7 @@ class Connection:
     def start_utterance(
         self, vad: VadConfig | None = None, transcription: Transcription = Transcription()
     ) -> UtteranceHandle:
-        if len(self.utterances) >= self.limits.max_utterances:
-            raise ProtocolError(
-                "too_many_utterances",
-                f"{len(self.utterances)} utterances of this connection are still being transcribed:"
-                " wait for one to complete",
-            )
-        self.num_utterances += 1
-        utterance = f"{self.connection_id}-{self.num_utterances}"
-        handle = self.handles.open(utterance, self, vad, transcription, read_all_at=self._read_all_at)
-        self.utterances[utterance] = handle
-        self.idle.clear()
-        self.metrics.utterances_total.inc()
-        self.metrics.utterances_active.inc()
-        return handle
+        return self.seats.start(self, vad, transcription, read_all_at=self._read_all_at)
 
     def _read_all_at(self) -> float:
         return self.read_all_at
@@ -265,20 +232,13 @@ class Connection:
     def finish_all(self) -> None:
         """The server drains: every utterance's input ends here."""
         self.draining = True
-        for live in self.utterances.values():
-            live.finish()
-
-    def abort_all(self) -> None:
-        for utterance in list(self.utterances):
-            self.abort(utterance)
+        self.seats.finish_all()
 
     def abort(self, utterance: str) -> None:
-        if utterance in self.utterances:
-            self._ended(utterance)
-            self.progress.wake()  # a wait for the engine to consume its audio is over
+        self.seats.abort(utterance)
 
     def on_engine_event(self, utterance: str, event: EngineEvent) -> None:
-        live = self.utterances.get(utterance)
+        live = self.seats.get(utterance)
         if isinstance(event, Delta):
             self.num_deltas += 1
             self.metrics.deltas.inc()
@@ -289,14 +249,5 @@ class Connection:
         elif isinstance(event, Failed):
             self.count_error(event.code, event.message)
         if isinstance(event, Done | Failed):
-            self._ended(utterance)
+            self.seats.ended(utterance)
         self.wire.on_event(utterance, event)
-
-    def _ended(self, utterance: str) -> None:
-        if (live := self.utterances.pop(utterance, None)) is None:
-            return
-        live.close()
-        self.ended_samples += live.sent_samples
-        self.metrics.utterances_active.dec()
-        if not self.utterances:
-            self.idle.set()

@@ -257,7 +257,7 @@ class RealtimeServer:
         for connection in list(self.connections):
             connection.finish_all()
         if self.engine.alive:  # a dead engine finishes nothing: nobody is waited for
-            idles = [c.idle for c in self.connections] + [self.uploads.idle]
+            idles = [c.seats.idle for c in self.connections] + [self.uploads.idle]
             waits = [asyncio.ensure_future(idle.wait()) for idle in idles]
             await asyncio.wait(waits, timeout=self.config.drain_seconds)
             for wait in waits:

@@ -365,7 +365,7 @@ def test_a_connection_the_server_closes_leaves_the_engine_at_once(whisper_model,
             uploader = subprocess.Popen([sys.executable, "-c", UPLOADER, harness.url])
             wait_until(lambda: len(harness.server.connections) == 2, 60)
             (connection,) = harness.server.connections - {beside}
-            wait_until(lambda: connection.audio_seconds > 1.0, 60)  # its reads paused
+            wait_until(lambda: connection.seats.audio_seconds > 1.0, 60)  # its reads paused
             uploader.send_signal(signal.SIGSTOP)
             closing = asyncio.run_coroutine_threadsafe(
                 connection.close(1013, "server_overloaded", "shed by the test"), harness.loop

@@ -329,8 +329,8 @@ def test_manual_commits_keep_the_session_clock_on_the_audio_sent(server, turns):
         for _ in turns:
             events_until(ws, "conversation.item.input_audio_transcription.completed")
         sent = sum(len(t) for t in turns) / 24000
-        (connection,) = [c for c in server.server.connections if abs(c.audio_seconds - sent) < 0.01]
-        assert connection.wire.session_samples == round(connection.audio_seconds * 16000)
+        (connection,) = [c for c in server.server.connections if abs(c.seats.audio_seconds - sent) < 0.01]
+        assert connection.wire.session_samples == round(connection.seats.audio_seconds * 16000)
 
 
 @pytest.mark.slow

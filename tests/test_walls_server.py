@@ -205,7 +205,7 @@ def test_the_admission_watcher_survives_a_check_that_raises_and_a_shed_whose_sen
                 raise RuntimeError("injected fault")
             return 0.0
 
-        connection.lag_seconds = lag_raising_once
+        connection.seats.lag_seconds = lag_raising_once
         wait_until(lambda: calls["n"] >= 2, 10)  # the watcher checked again after the fault
         assert not server.server.watcher.done()
         server.loop.call_soon_threadsafe(connection.send, "\ud800")  # its sender dies
